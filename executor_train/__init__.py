@@ -1,0 +1,1 @@
+"""Executor GRPO training (``python -m executor_train``): dataset, reward, tool config. Filled by the trainers issue."""

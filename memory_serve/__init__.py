@@ -1,0 +1,1 @@
+"""The Memory Manager service (``python -m memory_serve``): store, embed, retrieve, compress, plan."""

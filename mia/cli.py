@@ -1,0 +1,47 @@
+"""The ``mia`` console script: one entry point, subcommands imported lazily.
+
+Every subcommand is ``module:function`` taking ``argv: list[str]``. A :class:`mia.errors.MiaError`
+(bad input, missing package, unreachable service) prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "world": ("mia.data.world_cli:main", "generate the synthetic research world"),
+    "models": ("mia.models.cli:main", "build/inspect the embedded default model"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: mia <command> [args]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from mia.errors import MiaError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        raise SystemExit(0 if argv else 2)
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"mia: unknown command {name!r} (try: {', '.join(COMMANDS)})", file=sys.stderr)
+        raise SystemExit(2)
+    module, func = COMMANDS[name][0].split(":")
+    try:
+        getattr(importlib.import_module(module), func)(rest)
+    except MiaError as err:
+        print(f"mia {name}: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
+    except KeyboardInterrupt:
+        print(f"mia {name}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Datasets: the synthetic research world, loaders for the reference parquet/JSONL formats, image helpers."""

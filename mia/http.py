@@ -1,0 +1,243 @@
+"""Shared FastAPI pieces for every MIA service.
+
+One place for: the error envelope ``{"error": {"code", "message"}}`` (4xx for bad input, never a
+bare traceback), optional bearer-token auth, a request-size limit, ``GET /health``, and starting
+uvicorn on loopback (port 0 = ephemeral, the bound port written to ``--port-file`` so tests and
+the demo can find it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("mia.http")
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limited",
+    500: "internal_error",
+    502: "upstream_error",
+    503: "unavailable",
+    504: "upstream_timeout",
+}
+
+
+class ApiError(Exception):
+    """Raise inside a route to answer ``status`` with the error envelope."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code or _STATUS_CODES.get(status, "error")
+
+
+def error_response(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"code": code or _STATUS_CODES.get(status, "error"), "message": message}},
+    )
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(
+    title: str,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    health: Callable[[], dict[str, Any]] | None = None,
+    version: str = "0.1.0",
+) -> FastAPI:
+    """A FastAPI app with MIA's envelope, auth, size limit and ``GET /health``.
+
+    ``token``: when set, every route except ``/health`` needs ``Authorization: Bearer <token>``.
+    ``health``: extra fields for the health payload (called per request).
+    """
+    app = FastAPI(title=title, version=version)
+    app.state.token = token
+    app.state.max_body_bytes = max_body_bytes
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                return error_response(400, f"malformed JSON body: {err.get('msg')}", "bad_json")
+        return error_response(422, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s", title)
+        return error_response(500, f"{type(exc).__name__}: {exc}")
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if request.url.path != "/health" and app.state.token:
+            got = request.headers.get("authorization", "")
+            want = f"Bearer {app.state.token}"
+            if not hmac.compare_digest(got.encode(), want.encode()):
+                return error_response(401, "missing or wrong bearer token")
+        length = request.headers.get("content-length")
+        limit = app.state.max_body_bytes
+        if length is not None:
+            try:
+                too_big = int(length) > limit
+            except ValueError:
+                return error_response(400, "invalid Content-Length header")
+            if too_big:
+                return error_response(413, f"request body over {limit} bytes")
+        elif request.method in ("POST", "PUT", "PATCH"):
+            # Chunked upload: read it here (bounded) so the route sees the cached body.
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    return error_response(413, f"request body over {limit} bytes")
+            request._body = body  # starlette caches the body here for later reads
+        return await call_next(request)
+
+    @app.get("/health")
+    async def _health() -> dict[str, Any]:
+        payload: dict[str, Any] = {"status": "ok", "service": title}
+        if health is not None:
+            payload.update(health())
+        return payload
+
+    return app
+
+
+def add_server_args(parser: argparse.ArgumentParser, default_port: int, env_prefix: str) -> None:
+    """``--host --port --port-file --token --max-body-bytes`` with env fallbacks.
+
+    The token comes from ``--token`` or ``{env_prefix}_TOKEN`` (never logged).
+    """
+    parser.add_argument("--host", default=os.environ.get(f"{env_prefix}_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get(f"{env_prefix}_PORT", default_port))
+    )
+    parser.add_argument(
+        "--port-file", default=None, help="write the bound port here (for --port 0)"
+    )
+    parser.add_argument("--token", default=os.environ.get(f"{env_prefix}_TOKEN"))
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_app(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, port_file: str | None = None
+) -> None:
+    """Serve ``app`` until interrupted. With ``port=0`` an ephemeral port is chosen."""
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    if port_file:
+        tmp = Path(f"{port_file}.tmp")
+        tmp.write_text(str(bound))
+        os.replace(tmp, port_file)
+    log.info("%s listening on http://%s:%d", app.title, host, bound)
+    print(f"{app.title} listening on http://{host}:{bound}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+
+
+class ServerThread:
+    """Run a real uvicorn server for ``app`` on an ephemeral loopback port in a thread.
+
+    Used by tests and by in-process callers: ``with ServerThread(app) as url: ...``.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1") -> None:
+        self.app = app
+        self.host = host
+        self.sock = bind_socket(host, 0)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    def start(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"server for {self.app.title} did not start")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_for_port_file(
+    path: str | os.PathLike[str], timeout: float = 60.0, proc: Any = None
+) -> int:
+    """Wait until a service started with ``--port-file`` has written its port."""
+    path = Path(path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            text = path.read_text().strip()
+            if text:
+                return int(text)
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"service exited with code {proc.returncode} before listening")
+        time.sleep(0.05)
+    raise TimeoutError(f"no port written to {path} within {timeout}s")
