@@ -1,0 +1,472 @@
+"""In-process chat with a transformers causal LM (the embedded default and tests).
+
+Concurrent callers are served by ONE worker thread that collects the requests arriving within
+``batch_wait_ms`` (up to ``max_batch_size``) into a single left-padded batch and decodes it with a
+KV cache. The decoding loop is our own rather than ``model.generate`` because each row needs its
+own sampling settings, its own stop strings and max_tokens, and the exact per-token logprob of
+the model's raw distribution (what vLLM reports by default and what GRPO needs), without keeping
+``steps x vocab`` logits in memory.
+
+Sampling is per request: temperature 0 is greedy; otherwise temperature + top-p with a private
+``torch.Generator`` seeded from ``params.seed`` (so a seeded request gives the same reply whether
+it ran alone or in a batch). ``presence_penalty`` works as in vLLM (subtracted once from every
+token already generated). Text models only: image parts are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mia.llm.base import ChatResult, LLMError, Message, SamplingParams
+from mia.llm.think import strip_think as _strip_think
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger("mia.llm.local")
+
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future[_Output] = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class _Output:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class _Engine:
+    """The loaded model + tokenizer and the batching worker; shared by every role view."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        name: str,
+        device: str,
+        max_batch_size: int,
+        batch_wait_ms: float,
+    ) -> None:
+        import torch
+
+        if max_batch_size < 1:
+            raise LLMError(f"local backend: max_batch_size must be >= 1, got {max_batch_size}")
+        self.name = name
+        self.model = model.to(device)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.batch_wait = max(0.0, batch_wait_ms) / 1000.0
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids, default=0))
+        self.max_positions = int(
+            getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0
+        )
+        # Rust tokenizers raise "Already borrowed" when used from two threads at once.
+        self.tok_lock = threading.Lock()
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self.batches = 0
+        self.requests = 0
+        self.max_batch_seen = 0
+
+    # ---- prompt side (caller's thread) ----
+    def encode_chat(self, messages: list[Message], template_kwargs: dict[str, Any]) -> list[int]:
+        flat = [_flatten(m, self.name) for m in messages]
+        with self.tok_lock:
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    flat, tokenize=False, add_generation_prompt=True, **template_kwargs
+                )
+            except Exception as err:  # jinja errors: bad roles, missing template
+                raise LLMError(f"local model {self.name}: chat template failed: {err}") from err
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(ids)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
+        if not prompt_ids:
+            raise LLMError(f"local model {self.name}: empty prompt")
+        if self.max_positions and len(prompt_ids) >= self.max_positions:
+            raise LLMError(
+                f"local model {self.name}: prompt of {len(prompt_ids)} tokens does not fit the "
+                f"model's {self.max_positions}-token context"
+            )
+        if params.max_tokens < 1:
+            raise LLMError(f"local model {self.name}: max_tokens must be >= 1")
+        if params.temperature < 0 or not 0 < params.top_p <= 1:
+            raise LLMError(
+                f"local model {self.name}: need temperature >= 0 and 0 < top_p <= 1, got "
+                f"{params.temperature}, {params.top_p}"
+            )
+        req = _Request(prompt_ids=prompt_ids, params=params)
+        self._ensure_worker()
+        self._queue.put(req)
+        return req
+
+    def _ensure_worker(self) -> None:
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name=f"mia-local-llm-{self.name}", daemon=True
+                )
+                self._thread.start()
+
+    def close(self) -> None:
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join(timeout=60)
+
+    # ---- worker thread ----
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            closing = False
+            deadline = time.monotonic() + self.batch_wait
+            while len(batch) < self.max_batch_size:
+                remaining = deadline - time.monotonic()
+                try:
+                    # Past the deadline, requests already queued still join this batch.
+                    item = (
+                        self._queue.get(timeout=remaining)
+                        if remaining > 0
+                        else self._queue.get_nowait()
+                    )
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            self._serve(batch)
+            if closing:
+                return
+
+    def _serve(self, batch: list[_Request]) -> None:
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        self.batches += 1
+        self.requests += len(live)
+        self.max_batch_seen = max(self.max_batch_seen, len(live))
+        try:
+            outputs = self._generate(live)
+        except Exception as err:  # one bad batch must not kill the worker
+            log.exception("local model %s: batch of %d failed", self.name, len(live))
+            error = LLMError(f"local model {self.name}: generation failed: {err}")
+            for r in live:
+                r.future.set_exception(error)
+            return
+        for r, out in zip(live, outputs, strict=True):
+            r.future.set_result(out)
+
+    def _generate(self, reqs: list[_Request]) -> list[_Output]:
+        import torch
+
+        with torch.inference_mode():
+            return self._decode(reqs, torch)
+
+    def _decode(self, reqs: list[_Request], torch: Any) -> list[_Output]:
+        n = len(reqs)
+        dev = self.device
+        width = max(len(r.prompt_ids) for r in reqs)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((n, width), dtype=torch.long, device=dev)
+        budgets: list[int] = []
+        for i, r in enumerate(reqs):
+            ids = r.prompt_ids
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attn[i, width - len(ids) :] = 1
+            room = self.max_positions - len(ids) if self.max_positions else r.params.max_tokens
+            budgets.append(max(1, min(r.params.max_tokens, room)))
+        # Left padding: positions count real tokens only, so a padded row sees the same
+        # positions (and therefore the same logits) as when it runs alone.
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        gens: list[torch.Generator | None] = []
+        for r in reqs:
+            if r.params.temperature > 0:
+                seed = r.params.seed if r.params.seed is not None else random.getrandbits(63)
+                gens.append(torch.Generator(device=dev).manual_seed(int(seed)))
+            else:
+                gens.append(None)
+        penalties = torch.tensor([r.params.presence_penalty for r in reqs], device=dev)
+        seen = None
+
+        out = self.model(
+            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        if bool((penalties != 0).any()):
+            seen = torch.zeros_like(logits, dtype=torch.bool)
+
+        tokens: list[list[int]] = [[] for _ in reqs]
+        lps: list[list[float]] = [[] for _ in reqs]
+        finish: list[str | None] = [None] * n
+        texts_len = [0] * n
+        for _step in range(max(budgets)):
+            logp = torch.log_softmax(logits, dim=-1)
+            scores = logits if seen is None else logits - penalties[:, None] * seen
+            nxt = torch.argmax(scores, dim=-1)
+            for i, r in enumerate(reqs):
+                if gens[i] is not None and finish[i] is None:
+                    nxt[i] = _sample(scores[i], r.params, gens[i], torch)
+            for i, r in enumerate(reqs):
+                if finish[i] is not None:
+                    nxt[i] = self.pad_id
+                    continue
+                tok = int(nxt[i])
+                tokens[i].append(tok)
+                lps[i].append(float(logp[i, tok]))
+                if seen is not None:
+                    seen[i, tok] = True
+                stopped = bool(r.params.stop) and self._hit_stop(
+                    tokens[i], r.params.stop or [], texts_len, i
+                )
+                if tok in self.eos_ids or stopped:
+                    finish[i] = "stop"
+                elif len(tokens[i]) >= budgets[i]:
+                    finish[i] = "length"
+            if all(f is not None for f in finish):
+                break
+            attn = torch.cat([attn, attn.new_ones((n, 1))], dim=-1)
+            pos = pos[:, -1:] + 1
+            out = self.model(
+                input_ids=nxt[:, None], attention_mask=attn, position_ids=pos,
+                past_key_values=cache, use_cache=True,
+            )  # fmt: skip
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :].float()
+
+        results = []
+        for i, r in enumerate(reqs):
+            ids = tokens[i]
+            body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
+            with self.tok_lock:
+                text = self.tokenizer.decode(body, skip_special_tokens=True)
+            if r.params.stop:
+                cut = _first_stop(text, r.params.stop)
+                if cut is not None:
+                    text = text[:cut]
+                    finish[i] = "stop"
+            results.append(
+                _Output(
+                    text=text, token_ids=ids, logprobs=lps[i], finish_reason=finish[i] or "length"
+                )
+            )
+        return results
+
+    def _hit_stop(self, ids: list[int], stops: list[str], seen_len: list[int], i: int) -> bool:
+        with self.tok_lock:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        # Earlier text held no stop string, so a new one must end in the part added this step;
+        # the margin covers multi-byte characters completed by the new token.
+        start = max(0, seen_len[i] - max(len(s) for s in stops) - 4)
+        seen_len[i] = len(text)
+        return any(s and text.find(s, start) != -1 for s in stops)
+
+
+def _sample(scores: torch.Tensor, p: SamplingParams, gen: torch.Generator, torch: Any) -> int:
+    probs = torch.softmax(scores / p.temperature, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+        keep = (sorted_p.cumsum(-1) - sorted_p) < p.top_p
+        sorted_p = sorted_p * keep
+        choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def _flatten(message: Message, name: str) -> Message:
+    """Text-only copy of a message: content parts joined; images refused."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                texts.append(str(part.get("text", "")))
+            else:
+                raise LLMError(
+                    f"local model {name}: only text content is supported, got a {kind!r} part"
+                )
+        return {**message, "content": "".join(texts)}
+    return message
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    # ChatML models end an assistant turn with <|im_end|> even when eos says otherwise.
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if "<|im_end|>" in str(template):
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+            ids.add(im_end)
+    return ids
+
+
+def _load(path: str | Path, device: str, dtype: str) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in _DTYPES:
+        raise LLMError(f"local backend: dtype must be one of {_DTYPES}, got {dtype!r}")
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise LLMError(f"local backend: {path} is not a model folder (no config.json)")
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    return model, tokenizer
+
+
+class LocalChat:
+    """Chat with a local model: ``LocalChat(model_path)`` or ``LocalChat(model=m, tokenizer=t)``.
+
+    A model passed in is used as is (same object, current weights, its own train/eval mode), so
+    a trainer can generate with the policy it is updating; call ``model.eval()`` for
+    deterministic replies from a model with dropout.
+
+    ``stats`` counts batches and requests (how well concurrent calls were batched).
+    ``with_options`` makes a view that shares the loaded model but has its own name, sampling
+    defaults, chat-template kwargs and think stripping (one model serving several roles).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 8,
+        batch_wait_ms: float = 5.0,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        strip_think: bool = False,
+        defaults: SamplingParams | None = None,
+        name: str | None = None,
+    ) -> None:
+        if (model_path is None) == (model is None):
+            raise LLMError("local backend: give either model_path or model (with tokenizer)")
+        if model_path is not None:
+            model, tokenizer = _load(model_path, device, dtype)
+            model.eval()  # a model passed in keeps its mode: it may be a policy being trained
+        elif tokenizer is None:
+            raise LLMError("local backend: a model needs its tokenizer")
+        assert model is not None and tokenizer is not None
+        if not getattr(tokenizer, "chat_template", None):
+            raise LLMError("local backend: the tokenizer has no chat template")
+        self.name = name or f"local:{Path(str(model_path)).name if model_path else 'model'}"
+        self._engine = _Engine(
+            model,
+            tokenizer,
+            name=self.name,
+            device=device,
+            max_batch_size=max_batch_size,
+            batch_wait_ms=batch_wait_ms,
+        )
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.strip_think = strip_think
+        self.defaults = defaults or SamplingParams()
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._engine.model
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._engine.tokenizer
+
+    @property
+    def stats(self) -> dict[str, int]:
+        e = self._engine
+        return {"batches": e.batches, "requests": e.requests, "max_batch": e.max_batch_seen}
+
+    def with_options(
+        self,
+        *,
+        name: str | None = None,
+        defaults: SamplingParams | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        strip_think: bool | None = None,
+    ) -> LocalChat:
+        view = object.__new__(LocalChat)
+        view._engine = self._engine
+        view.name = name or self.name
+        view.defaults = defaults or self.defaults
+        view.chat_template_kwargs = dict(
+            self.chat_template_kwargs if chat_template_kwargs is None else chat_template_kwargs
+        )
+        view.strip_think = self.strip_think if strip_think is None else strip_think
+        return view
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        """The prompt token ids this backend would feed the model for ``messages``."""
+        return self._engine.encode_chat(messages, self.chat_template_kwargs)
+
+    async def chat(
+        self, messages: list[Message], params: SamplingParams | None = None
+    ) -> ChatResult:
+        p = replace(params or self.defaults)
+        if p.stop:
+            p.stop = [s for s in p.stop if s]
+        prompt_ids = self.encode_chat(messages)
+        req = self._engine.submit(prompt_ids, p)
+        out = await asyncio.wrap_future(req.future)
+        text = out.text
+        extra: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if self.strip_think:
+            extra["raw_text"] = text
+            text = _strip_think(text)
+        return ChatResult(
+            text=text,
+            finish_reason=out.finish_reason,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(out.token_ids),
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            extra=extra,
+        )
+
+    async def aclose(self) -> None:
+        # The worker restarts on the next call, so closing one role's view is harmless to others.
+        await asyncio.to_thread(self._engine.close)

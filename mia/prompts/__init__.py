@@ -1,0 +1,1 @@
+"""Prompt templates shared by training and serving (one module per role)."""

@@ -1,0 +1,539 @@
+"""mia.llm: OpenAIChat against a real local HTTP server speaking the chat-completions wire format,
+LocalChat on a tiny random Qwen2, and building role backends from the Hydra configs."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from omegaconf import OmegaConf
+
+from mia.errors import MiaError
+from mia.http import ServerThread
+from mia.llm import LLMError, SamplingParams, strip_think
+from mia.llm.config import (
+    LLMConfig,
+    build_backend,
+    clear_local_cache,
+    role_configs,
+    roles_from_config,
+)
+from mia.llm.openai_backend import OpenAIChat
+
+REPO = Path(__file__).resolve().parents[1]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Capital of France?"},
+]
+
+
+# --------------------------------------------------------------------------------------------
+# A scripted OpenAI-compatible server: each request pops the next action from ``script``.
+# --------------------------------------------------------------------------------------------
+class FakeOpenAI:
+    def __init__(self) -> None:
+        self.script: list[tuple[Any, ...]] = []
+        self.default: tuple[Any, ...] = ("ok", "default reply")
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self._handle)
+
+    def reset(self) -> None:
+        self.script.clear()
+        self.default = ("ok", "default reply")
+        self.bodies.clear()
+        self.headers.clear()
+        self.in_flight = self.max_in_flight = 0
+
+    async def _handle(self, request: Request) -> Response:
+        self.bodies.append(await request.json())
+        self.headers.append(dict(request.headers))
+        action = self.script.pop(0) if self.script else self.default
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._act(action)
+        finally:
+            self.in_flight -= 1
+
+    async def _act(self, action: tuple[Any, ...]) -> Response:
+        kind = action[0]
+        if kind == "sleep":
+            await asyncio.sleep(action[1])
+            return await self._act(action[2:])
+        if kind == "ok":
+            text = action[1]
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+            extra = action[2] if len(action) > 2 else {}
+            choice.update(extra)
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "qwen",
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
+                }
+            )
+        if kind == "status":
+            return JSONResponse(
+                {"error": {"message": action[2], "type": "x", "code": action[1]}},
+                status_code=action[1],
+            )
+        if kind == "garbage":
+            return PlainTextResponse(action[1], status_code=200)
+        if kind == "json":
+            return JSONResponse(action[1])
+        raise AssertionError(f"unknown action {action}")
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    fake = FakeOpenAI()
+    with ServerThread(fake.app) as url:
+        fake.url = f"{url}/v1"  # type: ignore[attr-defined]
+        yield fake
+
+
+@pytest.fixture
+def fake(server: FakeOpenAI) -> FakeOpenAI:
+    server.reset()
+    return server
+
+
+def client(fake: FakeOpenAI, **kw: Any) -> OpenAIChat:
+    opts: dict[str, Any] = {"timeout": 5.0, "max_retries": 2, "backoff": 0.01}
+    opts.update(kw)
+    return OpenAIChat(fake.url, "qwen", **opts)  # type: ignore[attr-defined]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# --------------------------------------------------------------------------------------------
+# OpenAIChat
+# --------------------------------------------------------------------------------------------
+def test_openai_exact_request_payload_and_reply(fake: FakeOpenAI, monkeypatch) -> None:
+    monkeypatch.setenv("MIA_TEST_LLM_KEY", "sk-secret-123")
+    fake.script = [("ok", "Paris")]
+    chat = client(
+        fake,
+        api_key_env="MIA_TEST_LLM_KEY",
+        chat_template_kwargs={"enable_thinking": False},
+        extra_body={"top_k": 20},
+    )
+    params = SamplingParams(temperature=0.1, top_p=0.9, max_tokens=64, stop=["</answer>"], seed=7)
+    res = run(chat.chat(MESSAGES, params))
+    assert res.text == "Paris"
+    assert res.finish_reason == "stop"
+    assert (res.prompt_tokens, res.completion_tokens) == (11, 3)
+    assert res.token_ids is None and res.logprobs is None
+    assert fake.bodies == [
+        {
+            "model": "qwen",
+            "messages": MESSAGES,
+            "temperature": 0.1,
+            "top_p": 0.9,
+            "max_tokens": 64,
+            "stop": ["</answer>"],
+            "seed": 7,
+            "top_k": 20,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    ]
+    assert fake.headers[0]["authorization"] == "Bearer sk-secret-123"
+    assert "sk-secret" not in repr(chat) and "sk-secret" not in str(vars(chat))
+
+
+def test_openai_defaults_when_no_params(fake: FakeOpenAI) -> None:
+    chat = client(fake, defaults=SamplingParams(max_tokens=5, presence_penalty=1.1))
+    run(chat.chat(MESSAGES))
+    body = fake.bodies[0]
+    assert (body["max_tokens"], body["presence_penalty"], body["temperature"]) == (5, 1.1, 0.0)
+    assert "chat_template_kwargs" not in body and "logprobs" not in body
+    assert fake.headers[0]["authorization"] == "Bearer EMPTY"
+
+
+def test_openai_strips_think(fake: FakeOpenAI) -> None:
+    raw = "<think>first</think>draft<think>more thoughts</think>\n\nFinal plan: 1. search"
+    fake.script = [("ok", raw), ("ok", raw)]
+    res = run(client(fake, strip_think=True).chat(MESSAGES))
+    assert res.text == "Final plan: 1. search"
+    assert res.extra["raw_text"] == raw
+    # Without the option the reply is untouched.
+    assert run(client(fake).chat(MESSAGES)).text == raw
+
+
+def test_strip_think_cases() -> None:
+    assert strip_think("no thinking here ") == "no thinking here"
+    assert strip_think("<think>a</think> b <think>c</think> d") == "d"
+    assert strip_think("<think>cut off while reason") == ""
+    assert strip_think("answer</think>") == ""
+
+
+def test_openai_logprobs_and_token_ids(fake: FakeOpenAI) -> None:
+    content = [
+        {"token": "token_id:15", "logprob": -0.5, "bytes": [80], "top_logprobs": []},
+        {"token": "token_id:7", "logprob": -1.25, "bytes": [81], "top_logprobs": []},
+    ]
+    fake.script = [("ok", "PQ", {"logprobs": {"content": content}})]
+    res = run(client(fake).chat(MESSAGES, SamplingParams(logprobs=True)))
+    assert res.token_ids == [15, 7]
+    assert res.logprobs == [-0.5, -1.25]
+    assert fake.bodies[0]["logprobs"] is True
+    assert fake.bodies[0]["return_tokens_as_token_ids"] is True
+    # A server that ignores the request: no ids, no logprobs, no error.
+    fake.script = [("ok", "PQ", {"logprobs": None})]
+    res = run(client(fake).chat(MESSAGES, SamplingParams(logprobs=True)))
+    assert (res.text, res.token_ids, res.logprobs) == ("PQ", None, None)
+    # Newer vLLM returns token_ids on the choice itself; plain token strings carry no ids.
+    plain = [{"token": "P", "logprob": -0.1}, {"token": "Q", "logprob": -0.2}]
+    fake.script = [("ok", "PQ", {"token_ids": [3, 4], "logprobs": {"content": plain}})]
+    res = run(client(fake).chat(MESSAGES, SamplingParams(logprobs=True)))
+    assert (res.token_ids, res.logprobs) == ([3, 4], [-0.1, -0.2])
+    # Servers that reject unknown fields: do not send the vLLM extension.
+    run(client(fake, return_token_ids=False).chat(MESSAGES, SamplingParams(logprobs=True)))
+    assert fake.bodies[-1]["logprobs"] is True
+    assert "return_tokens_as_token_ids" not in fake.bodies[-1]
+
+
+def test_openai_retries_500_then_succeeds(fake: FakeOpenAI) -> None:
+    fake.script = [("status", 500, "boom"), ("status", 503, "busy"), ("ok", "Paris")]
+    res = run(client(fake, max_retries=2).chat(MESSAGES))
+    assert res.text == "Paris"
+    assert len(fake.bodies) == 3
+    assert fake.bodies[0] == fake.bodies[2]  # the same request is resent
+
+
+def test_openai_retries_429(fake: FakeOpenAI) -> None:
+    fake.script = [("status", 429, "slow down"), ("ok", "Paris")]
+    assert run(client(fake).chat(MESSAGES)).text == "Paris"
+    assert len(fake.bodies) == 2
+
+
+def test_openai_retries_timeout_then_succeeds(fake: FakeOpenAI) -> None:
+    fake.script = [("sleep", 1.5, "ok", "late"), ("ok", "Paris")]
+    res = run(client(fake, timeout=0.3, max_retries=1).chat(MESSAGES))
+    assert res.text == "Paris"  # the slow first reply was abandoned, not awaited
+    assert len(fake.bodies) == 2
+
+
+def test_openai_persistent_failure_is_clear(fake: FakeOpenAI, monkeypatch) -> None:
+    monkeypatch.setenv("MIA_TEST_LLM_KEY", "sk-secret-123")
+    fake.default = ("status", 500, "model crashed")
+    chat = client(fake, max_retries=2, api_key_env="MIA_TEST_LLM_KEY")
+    with pytest.raises(LLMError) as info:
+        run(chat.chat(MESSAGES))
+    msg = str(info.value)
+    assert fake.url in msg and "'qwen'" in msg  # type: ignore[attr-defined]
+    assert "3 attempt(s)" in msg and "HTTP 500" in msg and "model crashed" in msg
+    assert "sk-secret" not in msg
+    assert len(fake.bodies) == 3
+
+
+def test_openai_timeout_exhausted(fake: FakeOpenAI) -> None:
+    fake.default = ("sleep", 1.0, "ok", "late")
+    with pytest.raises(LLMError, match=r"failed after 2 attempt\(s\): timed out after 0.2s"):
+        run(client(fake, timeout=0.2, max_retries=1).chat(MESSAGES))
+
+
+def test_openai_4xx_is_not_retried(fake: FakeOpenAI) -> None:
+    fake.default = ("status", 400, "unknown model 'qwen'")
+    with pytest.raises(LLMError, match=r"rejected the request: HTTP 400: unknown model 'qwen'"):
+        run(client(fake, max_retries=3).chat(MESSAGES))
+    assert len(fake.bodies) == 1
+
+
+@pytest.mark.parametrize(
+    "action, reason",
+    [
+        (("garbage", "<html>gateway</html>"), "body is not JSON"),
+        (("json", {"id": "x", "choices": []}), "no choices"),
+        (("json", {"choices": [{"index": 0}]}), "no message"),
+        (("json", ["not", "an", "object"]), "not a JSON object"),
+    ],
+)
+def test_openai_garbage_is_retried_then_reported(
+    fake: FakeOpenAI, action: tuple[Any, ...], reason: str
+) -> None:
+    fake.default = action
+    with pytest.raises(LLMError) as info:
+        run(client(fake, max_retries=1).chat(MESSAGES))
+    msg = str(info.value)
+    assert "malformed reply" in msg and reason in msg and fake.url in msg  # type: ignore[attr-defined]
+    assert len(fake.bodies) == 2
+
+
+def test_openai_garbage_once_then_ok(fake: FakeOpenAI) -> None:
+    fake.script = [("garbage", "oops"), ("ok", "Paris")]
+    assert run(client(fake).chat(MESSAGES)).text == "Paris"
+
+
+def test_openai_connection_refused() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    chat = OpenAIChat(f"http://127.0.0.1:{port}/v1", "qwen", max_retries=1, backoff=0.01)
+    with pytest.raises(LLMError, match=rf"127.0.0.1:{port}.*2 attempt\(s\): connection error"):
+        run(chat.chat(MESSAGES))
+
+
+def test_openai_concurrency_bound(fake: FakeOpenAI) -> None:
+    fake.default = ("sleep", 0.1, "ok", "x")
+    chat = client(fake, concurrency=3)
+
+    async def many() -> list[str]:
+        results = await asyncio.gather(*(chat.chat(MESSAGES) for _ in range(10)))
+        await chat.aclose()
+        return [r.text for r in results]
+
+    assert run(many()) == ["x"] * 10
+    assert len(fake.bodies) == 10
+    assert fake.max_in_flight == 3
+
+
+def test_openai_one_backend_many_event_loops(fake: FakeOpenAI) -> None:
+    chat = client(fake)
+    assert run(chat.chat(MESSAGES)).text == "default reply"
+    assert run(chat.chat(MESSAGES)).text == "default reply"  # a fresh loop still works
+
+
+# --------------------------------------------------------------------------------------------
+# Role configs
+# --------------------------------------------------------------------------------------------
+def test_vllm_yaml_roles_against_fake_server(fake: FakeOpenAI) -> None:
+    cfg = OmegaConf.load(REPO / "configs/llm/vllm.yaml")
+    for role in cfg.roles:
+        cfg.roles[role].base_url = fake.url  # type: ignore[attr-defined]
+    roles = roles_from_config(cfg)
+    assert sorted(roles) == ["executor", "judge", "manager", "planner"]
+    assert roles["judge"].name == "judge"
+    fake.default = ("ok", "<think>hmm</think>B")
+    texts = {role: run(b.chat(MESSAGES)).text for role, b in roles.items()}
+    bodies = dict(zip(roles, fake.bodies, strict=True))
+    assert texts["planner"] == "B"  # planner strips its reasoning
+    assert texts["judge"] == "<think>hmm</think>B"
+    assert bodies["judge"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert bodies["manager"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in bodies["planner"]
+    assert bodies["executor"]["max_tokens"] == 10000
+    assert bodies["executor"]["presence_penalty"] == 1.1
+    assert bodies["judge"]["max_tokens"] == 256
+    assert all(b["model"] == "qwen" for b in fake.bodies)
+
+
+def test_config_defaults_mirror_embedded_yaml() -> None:
+    yaml = role_configs(OmegaConf.load(REPO / "configs/llm/embedded.yaml"))
+    default = LLMConfig()
+    for role, c in yaml.items():
+        assert (c.backend, c.model_path, c.device, c.dtype) == (
+            default.backend,
+            default.model_path,
+            default.device,
+            default.dtype,
+        ), role
+        assert (c.max_batch_size, c.batch_wait_ms) == (
+            default.max_batch_size,
+            default.batch_wait_ms,
+        )
+    assert yaml["executor"].sampling_params() == SamplingParams(
+        temperature=0.0, top_p=1.0, max_tokens=512, presence_penalty=1.1
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"roles": {"judge": {"backend": "gpt"}}}, "backend must be one of"),
+        ({"roles": {"judge": {"backend": "openai"}}}, "needs base_url"),
+        ({"roles": {"judge": {"backend": "local", "temprature": 0}}}, "unknown LLM config key"),
+        ({"roles": {"judge": {"sampling": {"temp": 0}}}}, "unknown sampling key"),
+        ({"common": {}}, "no roles defined"),
+        ({"rolez": {}}, "unknown section"),
+    ],
+)
+def test_bad_llm_config_is_clear(cfg: dict[str, Any], message: str) -> None:
+    with pytest.raises(MiaError, match=message):
+        role_configs(cfg)
+
+
+def test_scripted_backend_from_config() -> None:
+    chat = build_backend({"backend": "scripted", "replies": ["one", "two"]}, name="judge")
+    assert chat.name == "judge"
+    assert [run(chat.chat(MESSAGES)).text for _ in range(2)] == ["one", "two"]
+
+
+# --------------------------------------------------------------------------------------------
+# LocalChat on a tiny random Qwen2
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    from mia.models.tiny import build_tokenizer, tiny_qwen2
+
+    tok = build_tokenizer()
+    # A wider init than the default makes greedy replies varied (not one repeated token).
+    return tiny_qwen2(tok, initializer_range=0.1), tok
+
+
+@pytest.fixture(scope="module")
+def local(tiny: tuple[Any, Any]) -> Any:
+    from mia.llm.local_backend import LocalChat
+
+    model, tok = tiny
+    return LocalChat(model=model, tokenizer=tok, max_batch_size=8, batch_wait_ms=20)
+
+
+def prompts(n: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"question {i}: where is the river?"}] for i in range(n)]
+
+
+def test_local_greedy_is_deterministic_and_exact(local: Any, tiny: tuple[Any, Any]) -> None:
+    import torch
+
+    model, tok = tiny
+    p = SamplingParams(max_tokens=12)
+    a = run(local.chat(prompts(1)[0], p))
+    b = run(local.chat(prompts(1)[0], p))
+    assert a.text == b.text and a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert a.finish_reason in ("stop", "length")
+    assert len(a.token_ids) == len(a.logprobs) == a.completion_tokens
+    assert a.prompt_tokens == len(a.extra["prompt_token_ids"])
+    # The prompt is the tokenizer's chat template with a generation prompt.
+    templated = tok.apply_chat_template(prompts(1)[0], tokenize=False, add_generation_prompt=True)
+    assert a.extra["prompt_token_ids"] == tok.encode(templated, add_special_tokens=False)
+    # The reply matches transformers' own greedy generate, and its logprobs match a forward pass.
+    ids = torch.tensor([a.extra["prompt_token_ids"]])
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :].tolist()
+        full = torch.tensor([a.extra["prompt_token_ids"] + a.token_ids])
+        logits = model(full).logits[0, ids.shape[1] - 1 : -1].float()
+    assert a.token_ids == ref[: len(a.token_ids)]
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(a.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(a.logprobs), want, atol=1e-4)
+    assert a.text == tok.decode(
+        [t for t in a.token_ids if t != tok.eos_token_id], skip_special_tokens=True
+    )
+
+
+def test_local_concurrent_calls_are_batched_and_equal_sequential(local: Any) -> None:
+    p = SamplingParams(max_tokens=16)
+    msgs = prompts(8)
+    sequential = [run(local.chat(m, p)) for m in msgs]
+    before = local.stats
+
+    async def together() -> list[Any]:
+        return await asyncio.gather(*(local.chat(m, p) for m in msgs))
+
+    concurrent = run(together())
+    after = local.stats
+    batches = after["batches"] - before["batches"]
+    assert after["requests"] - before["requests"] == 8
+    assert batches < 8
+    assert [r.token_ids for r in concurrent] == [r.token_ids for r in sequential]
+    assert [r.text for r in concurrent] == [r.text for r in sequential]
+    for c, s in zip(concurrent, sequential, strict=True):
+        assert max(abs(x - y) for x, y in zip(c.logprobs, s.logprobs, strict=True)) < 1e-4
+    assert len({r.text for r in sequential}) > 1  # the prompts really differ
+
+
+def test_local_stop_string_cuts_text(local: Any) -> None:
+    free = run(local.chat(prompts(1)[0], SamplingParams(max_tokens=16)))
+    assert free.finish_reason == "length" and len(free.token_ids) == 16
+    # Stop at a piece of text from the middle of the free reply.
+    stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 3]
+    assert stop.strip()
+    cut = run(local.chat(prompts(1)[0], SamplingParams(max_tokens=16, stop=[stop])))
+    assert cut.finish_reason == "stop"
+    assert cut.text == free.text[: free.text.find(stop)]
+    assert stop not in cut.text
+    assert len(cut.token_ids) < 16 and len(cut.token_ids) == len(cut.logprobs)
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
+
+
+def test_local_sampling_is_seeded_per_request(local: Any) -> None:
+    p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=123)
+    alone = run(local.chat(prompts(1)[0], p))
+
+    async def mixed() -> list[Any]:
+        greedy = SamplingParams(max_tokens=10)
+        return await asyncio.gather(local.chat(prompts(2)[1], greedy), local.chat(prompts(1)[0], p))
+
+    _, batched = run(mixed())
+    assert batched.token_ids == alone.token_ids  # same seed, same reply, batch or not
+    other = run(local.chat(prompts(1)[0], SamplingParams(temperature=1.0, max_tokens=10, seed=9)))
+    assert other.token_ids != alone.token_ids
+
+
+def test_local_max_tokens_per_request_in_one_batch(local: Any) -> None:
+    async def both() -> list[Any]:
+        return await asyncio.gather(
+            local.chat(prompts(1)[0], SamplingParams(max_tokens=3)),
+            local.chat(prompts(1)[0], SamplingParams(max_tokens=9)),
+        )
+
+    short, long = run(both())
+    assert len(short.token_ids) == 3 and short.finish_reason == "length"
+    assert short.token_ids == long.token_ids[:3]
+
+
+def test_local_errors_are_clear(local: Any) -> None:
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(LLMError, match="only text content is supported"):
+        run(local.chat(image))
+    with pytest.raises(LLMError, match="max_tokens must be >= 1"):
+        run(local.chat(prompts(1)[0], SamplingParams(max_tokens=0)))
+    with pytest.raises(LLMError, match="is not a model folder"):
+        from mia.llm.local_backend import LocalChat
+
+        LocalChat("/nonexistent/model")
+
+
+def test_local_roles_share_one_model(tiny: tuple[Any, Any], tmp_path: Path) -> None:
+    from mia.models.tiny import save_tiny
+
+    model, tok = tiny
+    folder = save_tiny(model, tok, tmp_path / "tiny")
+    cfg = OmegaConf.load(REPO / "configs/llm/embedded.yaml")
+    cfg.common.model_path = str(folder)
+    try:
+        roles = roles_from_config(cfg)
+        engines = {id(b._engine) for b in roles.values()}  # type: ignore[attr-defined]
+        assert len(engines) == 1
+        assert roles["judge"].defaults.max_tokens == 16  # type: ignore[attr-defined]
+        res = run(roles["judge"].chat(prompts(1)[0]))
+        assert len(res.token_ids) <= 16
+        view = roles["planner"].with_options(strip_think=True)  # type: ignore[attr-defined]
+        assert view._engine is roles["planner"]._engine  # type: ignore[attr-defined]
+    finally:
+        clear_local_cache()
+
+
+@pytest.mark.slow
+def test_embedded_model_chat(shared_mia_home: Path, monkeypatch) -> None:
+    """The real embedded default (SmolLM2) through configs/llm/embedded.yaml."""
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("MIA_HOME", str(shared_mia_home))
+    cfg = OmegaConf.load(REPO / "configs/llm/embedded.yaml")
+    try:
+        roles = roles_from_config(cfg)
+        msgs = [{"role": "user", "content": "What is the capital of France? One word."}]
+        res = run(roles["manager"].chat(msgs, SamplingParams(max_tokens=8)))
+        assert "paris" in res.text.lower()
+        assert len(res.token_ids) == len(res.logprobs) == res.completion_tokens <= 8
+    finally:
+        clear_local_cache()
