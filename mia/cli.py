@@ -12,6 +12,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "world": ("mia.data.world_cli:main", "generate the synthetic research world"),
     "models": ("mia.models.cli:main", "build/inspect the embedded default model"),
+    "web-tools": ("web_tools.cli:main", "online search gateway (Serper, cached)"),
+    "search": ("local_search.cli:main", "offline retrieval: build/serve a BM25 or dense index"),
 }
 
 
