@@ -1,0 +1,691 @@
+"""The trainable policy: an HF model (causal LM or Qwen2.5-VL), optimizer, schedule, GRPO step.
+
+One class serves every layout. With a process group of world size > 1 each decoder layer (and
+vision block) and then the root are wrapped with FSDP2 ``fully_shard`` (gloo on CPU, NCCL on
+GPU); with world size 1 the module stays plain. Nothing else branches on the world size: the
+loss of every micro-batch is its share of the *global* batch loss (global token or sequence
+count), so 1 rank x 8 samples and 2 ranks x 4 samples give the same gradient.
+
+Batch format (a dict; every token tensor is [B, L] and aligned with ``input_ids``):
+
+- ``input_ids`` (long), ``attention_mask`` (0 = padding; prompts left-padded, responses
+  right-padded, tool/user tokens inside the response are attended),
+- ``response_mask`` (1 = a token the policy sampled; the loss and log-probs cover only those),
+- ``old_logprobs`` (float; log-prob of token t under the behaviour policy, 0 elsewhere),
+- ``advantages`` ([B] or [B, L]), optional ``ref_logprobs`` ([B, L]),
+- multimodal (Qwen2.5-VL): ``pixel_values`` and ``image_grid_thw`` as *lists of length B*, one
+  entry per sample (a [patches, dim] / [images, 3] tensor, or None for a text-only sample).
+  Ragged per-sample lists slice with the batch; a micro-batch concatenates its entries in
+  sample order, which is the order the model consumes image placeholders in.
+
+``logprobs[b, t]`` = log p(input_ids[b, t] | input_ids[b, :t]) where ``response_mask`` is 1 (every
+position when a batch has no response mask, except position 0), and 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mia.errors import MiaError
+from mia.rl import dist as D
+from mia.rl.grpo import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs
+
+Batch = dict[str, Any]
+TOKEN_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs")
+PER_SAMPLE_LIST_KEYS = ("pixel_values", "image_grid_thw")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+    warmup_steps: int = 0  # linear warmup: step s uses (s + 1) / warmup_steps of the lr
+    schedule: str = "constant"  # constant | cosine
+    total_steps: int = 0  # cosine decays from the end of warmup to total_steps
+    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0  # 0 = full fine-tuning
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # 0.28 = DAPO clip-higher
+    clip_ratio_c: float | None = 3.0  # dual clip for negative advantages; None = off
+    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    kl_coef: float = 0.0  # > 0 loads a reference model (or disables LoRA adapters for it)
+    kl_kind: str = "k3"  # k1 | k2 | k3 (= veRL low_var_kl)
+    entropy_coef: float = 0.0
+    temperature: float = 1.0  # logits are divided by the sampling temperature, as in rollout
+
+
+@dataclass
+class PolicyConfig:
+    model_path: str = ""
+    trust_remote_code: bool = False
+    attn_implementation: str | None = "sdpa"
+    device: str = "auto"  # auto | cpu | cuda
+    mixed_precision: str = "auto"  # auto (bf16 autocast on GPU, none on CPU) | bf16 | none
+    gradient_checkpointing: bool = False
+    micro_batch_size: int = 4  # samples per forward/backward on each rank
+    logprob_micro_batch_size: int = 8
+    logits_chunk_size: int = 4096  # rows per float32 log-softmax chunk
+    seed: int = 0
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | PolicyConfig) -> PolicyConfig:
+        """Build from a plain/OmegaConf mapping (nested sections become dataclasses)."""
+        if isinstance(data, cls):
+            return data
+        return _from_dict(cls, dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise MiaError(f"unknown {cls.__name__} option(s): {', '.join(unknown)}")
+    kwargs = {}
+    for name, value in data.items():
+        default = known[name].default_factory if callable(known[name].default_factory) else None
+        sub = default() if default is not None else None
+        if is_dataclass(sub) and value is not None:
+            value = _from_dict(type(sub), dict(value))
+        elif isinstance(value, list | tuple) and name == "betas":
+            value = tuple(float(v) for v in value)
+        elif hasattr(value, "items"):
+            value = dict(value)
+        elif not isinstance(value, str) and hasattr(value, "__iter__"):
+            value = list(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def batch_size(batch: Batch) -> int:
+    return int(batch["input_ids"].shape[0])
+
+
+def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
+    """Samples [start, stop) of a batch: tensors with a batch axis and per-sample lists alike."""
+    n = batch_size(batch)
+    out: Batch = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            out[key] = value[start:stop]
+        elif isinstance(value, list | tuple) and len(value) == n:
+            out[key] = list(value[start:stop])
+        else:
+            out[key] = value
+    return out
+
+
+def split_batch(batch: Batch, size: int) -> list[Batch]:
+    n = batch_size(batch)
+    return [slice_batch(batch, i, min(i + size, n)) for i in range(0, n, max(size, 1))]
+
+
+def concat_batches(batches: list[Batch]) -> Batch:
+    """Inverse of :func:`split_batch` for batches with the same token length."""
+    out: Batch = {}
+    for key, first in batches[0].items():
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            out[key] = torch.cat([b[key] for b in batches])
+        elif isinstance(first, list):
+            out[key] = [x for b in batches for x in b[key]]
+        else:
+            out[key] = first
+    return out
+
+
+def validate_batch(batch: Batch, need: tuple[str, ...]) -> None:
+    missing = [k for k in need if k not in batch]
+    if missing:
+        raise MiaError(f"policy batch lacks {', '.join(missing)}")
+    shape = tuple(batch["input_ids"].shape)
+    if len(shape) != 2:
+        raise MiaError(f"input_ids must be [B, L], got {list(shape)}")
+    for key in TOKEN_KEYS:
+        if key in batch and batch[key] is not None and tuple(batch[key].shape) != shape:
+            raise MiaError(f"{key} has shape {list(batch[key].shape)}, input_ids {list(shape)}")
+    for key in PER_SAMPLE_LIST_KEYS:
+        value = batch.get(key)
+        if value is not None and (not isinstance(value, list) or len(value) != shape[0]):
+            raise MiaError(f"{key} must be a list with one entry (tensor or None) per sample")
+
+
+# ----------------------------------------------------------------------------- LR schedule
+
+
+class LRSchedule:
+    """lr multiplier per optimizer step; a plain object so LambdaLR can save its state."""
+
+    def __init__(self, warmup_steps: int, schedule: str, total_steps: int, min_lr_ratio: float):
+        if schedule not in ("constant", "cosine"):
+            raise MiaError(f"unknown lr schedule {schedule!r} (constant | cosine)")
+        if schedule == "cosine" and total_steps <= warmup_steps:
+            raise MiaError("a cosine schedule needs optim.total_steps > optim.warmup_steps")
+        self.warmup_steps = warmup_steps
+        self.schedule = schedule
+        self.total_steps = total_steps
+        self.min_lr_ratio = min_lr_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps  # the first step already learns
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (
+            1 + math.cos(math.pi * progress)
+        )
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+def is_vision_config(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_hf_model(path: str | Path, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+    """An HF model from a folder: image-text-to-text for VL configs, else a causal LM."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    auto = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
+    return auto.from_pretrained(str(path), trust_remote_code=trust_remote_code, **kwargs)
+
+
+class PolicyModel:
+    """Model + optimizer + schedule for one data-parallel rank (or the only process)."""
+
+    def __init__(self, cfg: PolicyConfig | dict[str, Any]):
+        self.cfg = PolicyConfig.from_dict(cfg)
+        if not self.cfg.model_path or not Path(self.cfg.model_path).is_dir():
+            raise MiaError(f"policy model folder not found: {self.cfg.model_path!r}")
+        self.dist = D.info()
+        self.device = self._resolve_device()
+        self.step = 0  # optimizer steps taken
+        self.use_lora = self.cfg.lora.rank > 0
+        # Seeded in a forked RNG: every rank gets the same LoRA init, and the caller's random
+        # stream (sampling, shuffling) is left untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.seed)
+            self.module, self.hf_model = self._build(trainable=True)
+        self.is_vl = is_vision_config(self.hf_model.config)
+        self.ref_module = None
+        if self.cfg.loss.kl_coef > 0 and not self.use_lora:
+            # With LoRA the reference is the same module with its adapters disabled.
+            self.ref_module, _ = self._build(trainable=False)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        o = self.cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, LRSchedule(o.warmup_steps, o.schedule, o.total_steps, o.min_lr_ratio)
+        )
+
+    # -- construction ---------------------------------------------------------------------
+
+    def _resolve_device(self) -> torch.device:
+        want = self.cfg.device
+        if want == "auto":
+            return D.default_device()
+        if want == "cuda" and not torch.cuda.is_available():
+            raise MiaError("policy.device=cuda but no GPU is visible")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if want == "cuda"
+            else torch.device(want)
+        )
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        mode = self.cfg.mixed_precision
+        if mode == "auto":
+            return torch.bfloat16 if self.device.type == "cuda" else None
+        if mode in ("bf16", "bfloat16"):
+            return torch.bfloat16
+        if mode in ("none", "no", "fp32", "float32"):
+            return None
+        raise MiaError(f"unknown mixed_precision {mode!r} (auto | bf16 | none)")
+
+    def _build(self, trainable: bool) -> tuple[torch.nn.Module, Any]:
+        kwargs: dict[str, Any] = {"dtype": torch.float32}  # fp32 master weights
+        if self.cfg.attn_implementation:
+            kwargs["attn_implementation"] = self.cfg.attn_implementation
+        hf = load_hf_model(self.cfg.model_path, self.cfg.trust_remote_code, **kwargs)
+        hf.config.use_cache = False
+        module: torch.nn.Module = hf
+        if trainable:
+            if self.cfg.gradient_checkpointing:
+                hf.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            if self.cfg.lora.rank > 0:
+                module = self._add_lora(hf)
+        else:
+            module.requires_grad_(False)
+        module.to(self.device)
+        if self.dist.world_size > 1:
+            self._shard(module, hf)
+        module.train(trainable)
+        return module, hf
+
+    def _add_lora(self, hf: Any) -> torch.nn.Module:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        lc = self.cfg.lora
+        if self.cfg.gradient_checkpointing:
+            hf.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
+        peft_cfg = PeftLoraConfig(
+            r=lc.rank,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=list(lc.target_modules),
+        )
+        return get_peft_model(hf, peft_cfg)
+
+    def _shard(self, module: torch.nn.Module, hf: Any) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.dist.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.autocast_dtype is not None:
+            # Gather parameters in bf16 (half the traffic), reduce gradients in fp32.
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=self.autocast_dtype, reduce_dtype=torch.float32
+            )
+        # The units HF itself refuses to split (decoder layers, vision blocks) shard as groups:
+        # each is all-gathered just before its forward and freed right after.
+        units = set(getattr(hf, "_no_split_modules", None) or [])
+        for sub in list(module.modules()):
+            if type(sub).__name__ in units:
+                fully_shard(sub, **kwargs)
+        fully_shard(module, **kwargs)
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dtype = self.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _position_ids(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mb: Batch
+    ) -> torch.Tensor:
+        """Positions that skip left padding, as generation computes them.
+
+        Qwen2.5-VL additionally needs 3-D (time, height, width) rotary positions for image
+        tokens, returned as [4, B, L] (text row first, the layout ``generate`` uses).
+        """
+        text = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, L]
+        grid = mb.get("image_grid_thw")
+        if not self.is_vl or grid is None:
+            return text
+        cfg = self.hf_model.config
+        mm = torch.zeros_like(input_ids, dtype=torch.int)
+        mm[input_ids == cfg.image_token_id] = 1
+        vision, _ = self.hf_model.model.get_rope_index(
+            input_ids, mm_token_type_ids=mm, image_grid_thw=grid, attention_mask=attention_mask
+        )
+        return torch.cat([text[None], vision.to(text)], dim=0)
+
+    def _forward(
+        self, module: torch.nn.Module, mb: Batch, need_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token log-probs (and entropies) [b, L] for one micro-batch; zeros where undefined."""
+        ids_full = mb["input_ids"].to(self.device)
+        attn_full = mb["attention_mask"].to(self.device)
+        b, length = ids_full.shape
+        # Drop columns that are padding in every row (micro-batches are often narrower).
+        cols = attn_full.bool().any(0).nonzero().flatten()
+        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.numel() else (0, length)
+        ids, attn = ids_full[:, lo:hi], attn_full[:, lo:hi]
+        resp = mb.get("response_mask")
+        # Only positions from the first response token onwards need logits (saves the
+        # [b, prompt_len, V] head output, the largest tensor for long prompts).
+        first = 1
+        if resp is not None:
+            rcols = resp[:, lo:hi].bool().any(0).nonzero().flatten()
+            first = max(1, int(rcols[0])) if rcols.numel() else hi - lo
+        first = min(first, hi - lo)
+        inputs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": attn,
+            "position_ids": self._position_ids(ids, attn, mb),
+            "use_cache": False,
+            "logits_to_keep": hi - lo - first + 1,
+        }
+        pv = [p for p in (mb.get("pixel_values") or []) if p is not None]
+        keepalive: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if self.is_vl and pv:
+            inputs["pixel_values"] = torch.cat(pv).to(self.device)
+            inputs["image_grid_thw"] = mb["image_grid_thw"].to(self.device)
+        elif self.is_vl:
+            keepalive = self._vision_keepalive(module)
+        with keepalive:
+            logits = module(**inputs).logits[:, :-1]  # [b, K, V]: position p predicts token p + 1
+        if self.cfg.loss.temperature != 1.0:
+            logits = logits / self.cfg.loss.temperature
+        targets = ids[:, first:]
+        lp = token_logprobs(logits, targets, self.cfg.logits_chunk_size)
+        out = torch.zeros(b, length, dtype=lp.dtype, device=lp.device)
+        out[:, lo + first : hi] = lp
+        if resp is not None:  # tool/user tokens inside the response carry no log-prob either
+            out = out * resp.to(out.device, out.dtype)
+        ent_out = None
+        if need_entropy:
+            ent = entropy_from_logits(logits, self.cfg.logits_chunk_size)
+            ent_out = torch.zeros(b, length, dtype=ent.dtype, device=ent.device)
+            ent_out[:, lo + first : hi] = ent
+        return out, ent_out
+
+    @contextlib.contextmanager
+    def _vision_keepalive(self, module: torch.nn.Module) -> Iterator[None]:
+        """Run the vision tower on a dummy image during a text-only forward.
+
+        Under FSDP every rank must run the same collectives in the same order: a rank whose
+        micro-batch has no image would skip the vision blocks' all-gathers (and their gradient
+        reduce-scatters) while another rank runs them, and the group would deadlock. Adding
+        0 x (dummy image features) to the token embeddings runs the tower at the point where
+        real images are encoded and gives its weights zero gradients; values are unchanged.
+        """
+        hf = self.ref_module if module is self.ref_module else self.hf_model
+        visual = hf.model.visual
+        vcfg = hf.config.vision_config
+        side = 2 * vcfg.spatial_merge_size
+        dim = vcfg.in_channels * vcfg.temporal_patch_size * vcfg.patch_size**2
+        pixels = torch.zeros(side * side, dim, device=self.device)
+        grid = torch.tensor([[1, side, side]], device=self.device)
+
+        def add_zero_image(_mod: torch.nn.Module, _inp: Any, embeds: torch.Tensor) -> torch.Tensor:
+            feats = visual(pixels.to(visual.dtype), grid_thw=grid)
+            feats = getattr(feats, "pooler_output", feats)
+            return embeds + 0.0 * feats.mean().to(embeds.dtype)
+
+        handle = hf.get_input_embeddings().register_forward_hook(add_zero_image)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _micro_batches(self, batch: Batch, size: int) -> Iterator[Batch]:
+        for mb in split_batch(batch, size):
+            grids = mb.get("image_grid_thw")
+            if isinstance(grids, list):
+                # Per-sample ragged lists -> one tensor per micro-batch, in sample order.
+                present = [g.reshape(-1, 3) for g in grids if g is not None]
+                mb["image_grid_thw"] = torch.cat(present).long() if present else None
+            yield mb
+
+    # -- public API -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, return_entropy: bool = False) -> Any:
+        """Log-probs [B, L] (float32, CPU) of the current policy; optionally also entropies."""
+        validate_batch(batch, ("input_ids", "attention_mask"))
+        lps, ents = [], []
+        for mb in self._micro_batches(batch, self.cfg.logprob_micro_batch_size):
+            with self._autocast():
+                lp, ent = self._forward(self.module, mb, need_entropy=return_entropy)
+            lps.append(lp.float().cpu())
+            if ent is not None:
+                ents.append(ent.float().cpu())
+        lp_all = torch.cat(lps)
+        return (lp_all, torch.cat(ents)) if return_entropy else lp_all
+
+    @torch.no_grad()
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Log-probs [B, L] under the frozen reference (base weights)."""
+        validate_batch(batch, ("input_ids", "attention_mask"))
+        out = []
+        for mb in self._micro_batches(batch, self.cfg.logprob_micro_batch_size):
+            out.append(self._ref_forward(mb).float().cpu())
+        return torch.cat(out)
+
+    def _ref_forward(self, mb: Batch) -> torch.Tensor:
+        if self.use_lora:
+            with self.module.disable_adapter(), self._autocast():
+                return self._forward(self.module, mb)[0]
+        if self.ref_module is None:
+            raise MiaError("no reference model: set loss.kl_coef > 0 to load one")
+        with self._autocast():
+            return self._forward(self.ref_module, mb)[0]
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on this rank's share of the global batch; global metrics.
+
+        Every rank must call it with the same number of samples (hence of micro-batches):
+        FSDP's collectives pair up forward by forward.
+        """
+        need = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages")
+        validate_batch(batch, need)
+        lc = self.cfg.loss
+        ws = self.dist.world_size
+        mask = batch["response_mask"]
+        # Global normalisers: shares of every micro-batch on every rank add up to the batch mean.
+        counts = torch.tensor(
+            [float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=self.device
+        )
+        D.all_reduce(counts)
+        n_tokens, n_seqs = float(counts[0]), float(counts[1])
+        denom = n_tokens if lc.agg == "token-mean" else n_seqs
+        sums: dict[str, float] = {}
+        ratio_max, ratio_min = -math.inf, math.inf
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in self._micro_batches(batch, self.cfg.micro_batch_size):
+            mmask = mb["response_mask"].to(self.device)
+            mb_tokens = float(mmask.sum())
+            ref_lp = mb.get("ref_logprobs")
+            if lc.kl_coef > 0 and ref_lp is None:
+                with torch.no_grad():
+                    ref_lp = self._ref_forward(mb)
+            with self._autocast():
+                lp, ent = self._forward(self.module, mb, need_entropy=lc.entropy_coef != 0)
+            pg, m = policy_loss(
+                lp,
+                mb["old_logprobs"].to(self.device, lp.dtype),
+                mb["advantages"].to(self.device, lp.dtype),
+                mmask,
+                clip_low=lc.clip_low,
+                clip_high=lc.clip_high,
+                clip_ratio_c=lc.clip_ratio_c,
+                agg=lc.agg,  # type: ignore[arg-type]
+                denom=denom,
+            )
+            loss = pg
+            parts = {"pg_loss": pg.detach()}
+            if lc.kl_coef > 0:
+                kl = aggregate(
+                    kl_penalty(lp, ref_lp.to(self.device, lp.dtype), lc.kl_kind),
+                    mmask,
+                    lc.agg,
+                    denom,
+                )  # type: ignore[arg-type]
+                loss = loss + lc.kl_coef * kl
+                parts["kl_loss"] = kl.detach()
+            if ent is not None:
+                ent_term = aggregate(ent, mmask, lc.agg, denom)  # type: ignore[arg-type]
+                loss = loss - lc.entropy_coef * ent_term
+                parts["entropy"] = ent_term.detach()
+            # FSDP averages gradients over ranks; the shares are already global, so undo that.
+            (loss * ws).backward()
+            parts["loss"] = loss.detach()
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            for key in ("clipfrac", "clipfrac_dual", "approx_kl", "ratio_mean"):
+                sums[key] = sums.get(key, 0.0) + float(m[key]) * mb_tokens  # token-weighted
+            if mb_tokens:
+                ratio_max = max(ratio_max, float(m["ratio_max"]))
+                ratio_min = min(ratio_min, float(m["ratio_min"]))
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        grad_norm = self._clip_and_step()
+        stepped = math.isfinite(grad_norm)
+        if stepped:  # a skipped update does not advance the schedule either
+            self.scheduler.step()
+        metrics = self._reduce_metrics(sums, n_tokens, ratio_max, ratio_min)
+        metrics.update(
+            grad_norm=grad_norm,
+            lr=lr,
+            n_tokens=n_tokens,
+            n_seqs=n_seqs,
+            step=float(self.step),
+            skipped=0.0 if stepped else 1.0,
+        )
+        return metrics
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.tensor(0.0)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor of per-shard partial norms
+            norm = norm.full_tensor()
+        norm_f = float(norm)
+        if not math.isfinite(norm_f):
+            # A NaN/inf gradient would poison AdamW's moments for good: skip this update.
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm_f
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.optim.grad_clip, norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return norm_f
+
+    def _reduce_metrics(
+        self, sums: dict[str, float], n_tokens: float, ratio_max: float, ratio_min: float
+    ) -> dict[str, float]:
+        keys = sorted(sums)
+        t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)
+        D.all_reduce(t)
+        ext = torch.tensor([ratio_max, -ratio_min], dtype=torch.float64, device=self.device)
+        D.all_reduce(ext, op="max")
+        out = {}
+        for key, value in zip(keys, t.tolist(), strict=True):
+            weighted = key in ("clipfrac", "clipfrac_dual", "approx_kl", "ratio_mean")
+            out[key] = value / max(n_tokens, 1.0) if weighted else value
+        out["ratio_max"], out["ratio_min"] = float(ext[0]), float(-ext[1])
+        return out
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_dict_for_export(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) HF-named weights on CPU, LoRA merged in; rank 0 gets them, others {}.
+
+        A COLLECTIVE with FSDP: every rank must call it, or all of them hang.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        sd = get_model_state_dict(self.module, options=opts)
+        if self.dist.rank != 0:
+            return {}
+        if self.use_lora:
+            from mia.rl.model_merger import merge_lora_state_dict
+
+            sd = merge_lora_state_dict(sd, self.cfg.lora.alpha / self.cfg.lora.rank)
+        return sd
+
+    def export_hf(self, out_dir: str | Path, dtype: str = "auto") -> Path | None:
+        """Write a Hugging Face folder of the current weights (collective; rank 0 writes)."""
+        from mia.rl.model_merger import write_hf_folder
+
+        sd = self.state_dict_for_export()
+        out = None
+        if self.dist.rank == 0:
+            out = write_hf_folder(sd, self.cfg.model_path, out_dir, dtype=dtype)
+        D.barrier()
+        return out
+
+    def copy_hf_assets(self, out_dir: str | Path) -> None:
+        """Copy config, tokenizer, processor, chat template, generation config (no weights)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in Path(self.cfg.model_path).iterdir():
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+                shutil.copy2(f, out / f.name)
+
+    def rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "python": random.getstate(),
+            "numpy": _numpy_state_to_torch(np.random.get_state()),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        random.setstate(_as_tuple(state["python"]))
+        np.random.set_state(_numpy_state_from_torch(state["numpy"]))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+def _numpy_state_to_torch(state: tuple) -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = state
+    return {
+        "kind": kind,
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def _numpy_state_from_torch(state: dict[str, Any]) -> tuple:
+    keys = state["keys"].numpy().astype(np.uint32)
+    return (state["kind"], keys, state["pos"], state["has_gauss"], state["cached"])
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, list | tuple) else x

@@ -1,0 +1,91 @@
+"""Starting and stopping a local Ray cluster for training, with files kept under the run folder.
+
+Ray's defaults suit a shared cluster, not a training run: it writes an auth token, puts its
+sockets and logs in ``/tmp/ray`` and starts a dashboard. :func:`init_ray` turns those off and
+keeps Ray's session folder beside the run. Ray's unix sockets live at
+``<temp_dir>/session_<date>_<pid>/sockets/plasma_store``, and a socket path may hold only
+~107 bytes, so a long run folder gets a short ``/tmp/mia-ray-*`` folder instead; its path is
+written to ``<run_dir>/ray_temp_dir.txt`` so the logs can still be found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from mia.errors import MiaError
+
+# Longest temp dir that still leaves room for Ray's session folder and socket names.
+MAX_TEMP_DIR_CHARS = 40
+POINTER_FILE = "ray_temp_dir.txt"
+
+log = logging.getLogger(__name__)
+
+
+def ray_temp_dir(run_dir: str | Path) -> tuple[Path, bool]:
+    """Where Ray should keep its session files; True when it is a short /tmp stand-in."""
+    preferred = Path(run_dir).resolve() / "ray"
+    if len(str(preferred)) <= MAX_TEMP_DIR_CHARS:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred, False
+    return Path(tempfile.mkdtemp(prefix="mia-ray-", dir="/tmp")), True
+
+
+@contextlib.contextmanager
+def init_ray(
+    run_dir: str | Path,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    log_to_driver: bool = False,
+    keep_temp: bool = False,
+) -> Iterator[dict]:
+    """Start a private local Ray cluster for the block; shut it down (and clean up) after.
+
+    Yields ``{"temp_dir": Path, "init_seconds": float}``. ``log_to_driver=False`` keeps worker
+    stdout/stderr in ``<temp_dir>/session_latest/logs`` instead of the console; exceptions in
+    workers still surface in the driver. A short /tmp stand-in folder is removed on exit unless
+    ``keep_temp``.
+    """
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a core dependency
+        raise MiaError("Ray is not installed; use single_process mode or install ray") from None
+    if ray.is_initialized():
+        raise MiaError("Ray is already initialised in this process")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    temp_dir, is_standin = ray_temp_dir(run_dir)
+    if is_standin:
+        (run_dir / POINTER_FILE).write_text(f"{temp_dir}\n")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_TMPDIR"] = str(temp_dir)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    start = time.perf_counter()
+    try:
+        ray.init(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            log_to_driver=log_to_driver,
+            logging_level=logging.WARNING,
+            _temp_dir=str(temp_dir),
+        )
+    except Exception as err:
+        if is_standin and not keep_temp:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise MiaError(f"cannot start Ray (temp dir {temp_dir}): {err}") from err
+    info = {"temp_dir": temp_dir, "init_seconds": time.perf_counter() - start}
+    log.info("ray started in %.1f s, files in %s", info["init_seconds"], temp_dir)
+    try:
+        yield info
+    finally:
+        ray.shutdown()
+        if is_standin and not keep_temp:
+            shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,0 +1,238 @@
+"""Data-parallel policy workers: Ray actors holding FSDP2 shards, driven by a ``PolicyGroup``.
+
+``PolicyGroup(cfg, world_size=N)`` spawns N Ray actors (one CPU or GPU each); they form a
+process group on 127.0.0.1 and each builds a :class:`~mia.rl.policy.PolicyModel` shard. The
+driver splits every batch into N contiguous slices (rank r gets slice r), calls the same method
+on all ranks at once and gathers the results. ``mode="single_process"`` runs the very same
+worker class in the driver process at world size 1: a configuration for debugging and tests,
+not a second implementation.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mia.errors import MiaError
+from mia.rl import dist as D
+from mia.rl.policy import Batch, PolicyConfig, PolicyModel, batch_size, concat_batches, slice_batch
+
+
+@dataclass
+class WorkersConfig:
+    mode: str = "ray"  # ray | single_process
+    world_size: int = 1
+    num_cpus_per_worker: float = 1
+    num_gpus_per_worker: float | None = None  # None = 1 per worker when Ray has GPUs
+    ray_num_cpus: int | None = None
+
+
+class PolicyWorker:
+    """One rank: joins the process group, then owns a PolicyModel. Methods are collectives."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        rank: int = 0,
+        world_size: int = 1,
+        master_port: int | None = None,
+        master_addr: str = "127.0.0.1",
+        torch_threads: int | None = None,
+    ):
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        D.init_process_group(rank, world_size, master_addr, master_port)
+        self.policy = PolicyModel(PolicyConfig.from_dict(cfg))
+
+    def ready(self) -> dict[str, Any]:
+        return {
+            "rank": self.policy.dist.rank,
+            "pid": os.getpid(),
+            "device": str(self.policy.device),
+        }
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        return self.policy.train_step(batch)
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self.policy.compute_logprobs(batch)
+
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self.policy.compute_ref_logprobs(batch)
+
+    def save_checkpoint(
+        self, root: str, step: int | None, data_state: dict | None, keep_last: int | None
+    ) -> str:
+        from mia.rl.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self.policy, root, step, data_state, keep_last))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        from mia.rl.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.policy, path)
+
+    def export_hf(self, out_dir: str, dtype: str = "auto") -> str | None:
+        out = self.policy.export_hf(out_dir, dtype)
+        return str(out) if out else None
+
+    def state_dict_for_export(self) -> dict[str, torch.Tensor]:
+        return self.policy.state_dict_for_export()
+
+    def get_step(self) -> int:
+        return self.policy.step
+
+    def shutdown(self) -> None:
+        D.destroy_process_group()
+
+
+class PolicyGroup:
+    """The driver's handle on all policy ranks (Ray actors, or one in-process worker)."""
+
+    def __init__(
+        self,
+        cfg: PolicyConfig | dict[str, Any],
+        world_size: int = 1,
+        mode: str = "ray",
+        num_cpus_per_worker: float = 1,
+        num_gpus_per_worker: float | None = None,
+    ):
+        self.cfg = PolicyConfig.from_dict(cfg)
+        if mode not in ("ray", "single_process"):
+            raise MiaError(f"unknown policy mode {mode!r} (ray | single_process)")
+        if mode == "single_process" and world_size != 1:
+            raise MiaError("single_process mode runs world size 1; use mode=ray for more ranks")
+        if world_size < 1:
+            raise MiaError("world_size must be >= 1")
+        self.world_size = world_size
+        self.mode = mode
+        self._local: PolicyWorker | None = None
+        self._actors: list[Any] = []
+        cfg_dict = self.cfg.to_dict()
+        if mode == "single_process":
+            self._local = PolicyWorker(cfg_dict)
+            return
+        import ray
+
+        if not ray.is_initialized():
+            raise MiaError("Ray is not running: wrap the run in mia.rl.ray_utils.init_ray(...)")
+        if num_gpus_per_worker is None:
+            num_gpus_per_worker = (
+                1 if self.cfg.device in ("cuda", "auto") and _cluster_gpus() else 0
+            )
+        port = D.find_free_port()
+        actor_cls = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker)(
+            PolicyWorker
+        )
+        threads = max(1, int(num_cpus_per_worker))
+        self._actors = [
+            actor_cls.remote(cfg_dict, rank, world_size, port, "127.0.0.1", threads)
+            for rank in range(world_size)
+        ]
+        self.workers_info = self._run("ready")
+
+    @classmethod
+    def from_config(
+        cls, policy: PolicyConfig | dict[str, Any], workers: WorkersConfig | dict[str, Any]
+    ) -> PolicyGroup:
+        w = workers if isinstance(workers, WorkersConfig) else WorkersConfig(**dict(workers))
+        return cls(policy, w.world_size, w.mode, w.num_cpus_per_worker, w.num_gpus_per_worker)
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _run(self, method: str, per_rank: list[tuple] | None = None, *args: Any) -> list[Any]:
+        """Call ``method`` on every rank concurrently; rank r gets ``per_rank[r]`` or ``args``."""
+        calls = per_rank or [args] * self.world_size
+        if self._local is not None:
+            return [getattr(self._local, method)(*calls[0])]
+        import ray
+
+        refs = [getattr(a, method).remote(*c) for a, c in zip(self._actors, calls, strict=True)]
+        return ray.get(refs)
+
+    def _scatter(self, batch: Batch, pad: bool) -> tuple[list[Batch], int]:
+        """Contiguous equal slices, one per rank. With ``pad`` a ragged batch is padded by
+        repeating its last sample (outputs for padding are dropped); otherwise it must divide."""
+        n = batch_size(batch)
+        ws = self.world_size
+        if n == 0:
+            raise MiaError("empty batch")
+        if n % ws:
+            if not pad:
+                raise MiaError(
+                    f"batch of {n} samples does not split evenly over {ws} policy workers"
+                )
+            extra = ws - n % ws
+            batch = concat_batches([batch] + [slice_batch(batch, n - 1, n)] * extra)
+        per = batch_size(batch) // ws
+        return [slice_batch(batch, r * per, (r + 1) * per) for r in range(ws)], n
+
+    # -- public API -------------------------------------------------------------------------
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on the whole batch (data parallel); metrics are global."""
+        slices, _ = self._scatter(batch, pad=False)
+        return self._run("train_step", [(s,) for s in slices])[0]
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        slices, n = self._scatter(batch, pad=True)
+        return torch.cat(self._run("compute_logprobs", [(s,) for s in slices]))[:n]
+
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        slices, n = self._scatter(batch, pad=True)
+        return torch.cat(self._run("compute_ref_logprobs", [(s,) for s in slices]))[:n]
+
+    def save_checkpoint(
+        self,
+        root: str | Path,
+        step: int | None = None,
+        data_state: dict | None = None,
+        keep_last: int | None = None,
+    ) -> Path:
+        return Path(self._run("save_checkpoint", None, str(root), step, data_state, keep_last)[0])
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        return self._run("load_checkpoint", None, str(path))[0]
+
+    def export_hf(self, out_dir: str | Path, dtype: str = "auto") -> Path:
+        """Write the current weights as a Hugging Face folder (for the generator or serving)."""
+        return Path(self._run("export_hf", None, str(out_dir), dtype)[0])
+
+    def state_dict_for_export(self) -> dict[str, torch.Tensor]:
+        return self._run("state_dict_for_export")[0]
+
+    @property
+    def step(self) -> int:
+        return self._run("get_step")[0]
+
+    def shutdown(self) -> None:
+        if self._local is not None:
+            self._local = None
+            return
+        if self._actors:
+            import ray
+
+            try:
+                ray.get([a.shutdown.remote() for a in self._actors], timeout=60)
+            except Exception:  # a dead or hung rank: killing the actors below is all we can do
+                pass
+            finally:
+                for a in self._actors:
+                    ray.kill(a)
+                self._actors = []
+
+    def __enter__(self) -> PolicyGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
