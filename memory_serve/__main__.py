@@ -1,0 +1,98 @@
+"""``python -m memory_serve [--config NAME|PATH] [key=value ...]``: run the Memory Manager.
+
+Examples::
+
+    python -m memory_serve                                   # embedded default, 127.0.0.1:5000
+    python -m memory_serve llm.config=vllm store.retrieval.top_k=3   # Manager/Planner on vLLM
+    python -m memory_serve --port 0 --port-file /tmp/p compress.mode=identity llm.enabled=false
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from mia.errors import MiaError
+from mia.http import add_server_args, run_app
+from mia.paths import mia_home
+
+log = logging.getLogger("memory_serve")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m memory_serve",
+        description="Memory Manager service: store, retrieve and compress workflow memories; plan.",
+    )
+    parser.add_argument(
+        "--config",
+        "--config-name",
+        dest="config",
+        default="default",
+        help="config file, or a name in configs/memory/ (default: default)",
+    )
+    parser.add_argument("--db", default=None, help="SQLite file (overrides db_path)")
+    parser.add_argument(
+        "--reembed",
+        action="store_true",
+        help="re-embed a store built with another embedder instead of refusing to start",
+    )
+    add_server_args(parser, default_port=5000, env_prefix="MEMORY_SERVE")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from memory_serve.app import build_app
+    from memory_serve.config import load_config
+    from memory_serve.llms import build_roles
+    from memory_serve.service import MemoryService
+    from memory_serve.store import MemoryStore
+    from mia.embedding import build_embedder
+
+    cfg = load_config(args.config, args.overrides)
+    db_path = args.db or cfg.db_path or str(mia_home() / "memory" / "memory.sqlite")
+    e = cfg.embedder
+    embedder = build_embedder(e.model, e.device, e.batch_size, e.max_seq_length)
+    store = MemoryStore(db_path, embedder, cfg.store, reembed_on_mismatch=args.reembed)
+    manager = planner = None
+    if cfg.llm.enabled:
+        manager, planner = build_roles(cfg.llm)
+    service = MemoryService(cfg, store, manager, planner)
+    log.info(
+        "memory store %s: %d memories, embedder %s, compress=%s",
+        db_path,
+        len(store),
+        embedder.name,
+        cfg.compress.mode,
+    )
+    app = build_app(service, token=args.token, max_body_bytes=args.max_body_bytes)
+    try:
+        run_app(app, args.host, args.port, args.port_file)
+    finally:
+        store.close()
+        for backend in {id(b): b for b in (manager, planner) if b is not None}.values():
+            asyncio.run(backend.aclose())
+
+
+def cli() -> None:
+    try:
+        main()
+    except MiaError as err:
+        print(f"memory_serve: error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    cli()

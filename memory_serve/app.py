@@ -1,0 +1,135 @@
+"""HTTP routes of the Memory Manager (ARCHITECTURE §4); the reference's route names as aliases."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import Body, FastAPI
+
+from memory_serve import schemas as S
+from memory_serve.service import MemoryService, gather_all
+from mia.http import DEFAULT_MAX_BODY_BYTES, create_app
+
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+
+async def _each(body: Q | list[Q], fn: Callable[[Q], Awaitable[R]]) -> R | list[R]:
+    """One object -> one answer; a list -> a list of answers (computed concurrently)."""
+    if isinstance(body, list):
+        return await gather_all([fn(x) for x in body])
+    return await fn(body)
+
+
+def _as_list(body: Q | list[Q]) -> list[Q]:
+    return body if isinstance(body, list) else [body]
+
+
+def build_app(
+    service: MemoryService,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    app = create_app(
+        "memory_serve",
+        token=token,
+        max_body_bytes=max_body_bytes,
+        health=lambda: {"memories": len(service.store)},
+    )
+    app.state.service = service
+
+    @app.post(
+        "/memory", response_model=list[S.MemoryResponse] | S.MemoryResponse, tags=["retrieval"]
+    )
+    async def memory(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+        """Retrieve positive and negative workflows -> ``{context, positive_ids, negative_ids}``."""
+        return await _each(body, service.memory)
+
+    if service.planner is not None:
+        # Without an LLM (llm.enabled=false) the planner routes do not exist (404).
+        @app.post("/plan", response_model=list[S.PlanResponse] | S.PlanResponse, tags=["planner"])
+        async def plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+            """Retrieve memories and write a plan (the manager LLM plans on a cold start)."""
+            return await _each(body, service.plan)
+
+        @app.post(
+            "/judge_replan",
+            response_model=list[S.JudgeReplanResponse] | S.JudgeReplanResponse,
+            tags=["planner"],
+        )
+        async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
+            """Reflect on the Executor's trace: replan yes/no."""
+            return await _each(body, service.judge_replan)
+
+        @app.post(
+            "/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse, tags=["planner"]
+        )
+        async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
+            """A supplementary plan (<= 200 words) continuing the planner conversation."""
+            return await _each(body, service.replan)
+
+        @app.post("/replan_train", response_model=S.ReplanTrainResponse, tags=["planner"])
+        async def replan_train(body: S.ReplanTrainRequest) -> Any:
+            """Supplementary plan for Executor training (synthetic 6-message conversation)."""
+            return await service.replan_train(body)
+
+    async def save(body: list[S.TrajectoryItem] | S.TrajectoryItem) -> Any:
+        """Compress and store finished trajectories (win-rate credit to the used memories)."""
+        return await service.save_memories(_as_list(body))
+
+    for path in ("/memories", "/batch_memory_save"):
+        app.add_api_route(
+            path,
+            save,
+            methods=["POST"],
+            response_model=S.SaveMemoriesResponse,
+            tags=["memory"],
+            name=f"save_memories{path.replace('/', '_')}",
+        )
+
+    @app.post("/memory_bank_save", response_model=S.BankSaveResponse, tags=["ttrl"])
+    async def bank_save(body: list[S.RolloutItem] | S.RolloutItem) -> Any:
+        """Buffer TTRL rollouts per question until the next consolidation."""
+        return await service.bank_save(_as_list(body))
+
+    @app.post("/consolidate_memories", response_model=S.ConsolidateResponse, tags=["ttrl"])
+    async def consolidate(
+        body: S.ConsolidateRequest | list[Any] | None = Body(default=None),
+    ) -> Any:
+        """Per question: best correct + one incorrect rollout into memory, plus a plan pair."""
+        req = body if isinstance(body, S.ConsolidateRequest) else S.ConsolidateRequest()
+        return await service.consolidate(req)
+
+    @app.post("/batch_evaluate", response_model=S.BatchEvaluateResponse, tags=["ttrl"])
+    async def batch_evaluate(
+        body: S.BatchEvaluateRequest | list[Any] | None = Body(default=None),
+    ) -> Any:
+        """Pick one rollout per question under each selection rule; JSONL per rule."""
+        req = body if isinstance(body, S.BatchEvaluateRequest) else S.BatchEvaluateRequest()
+        return await service.batch_evaluate(req)
+
+    @app.post("/save_memory", response_model=S.SaveResponse, tags=["persistence"])
+    async def save_memory(body: S.SaveRequest | None = Body(default=None)) -> Any:
+        """Copy the store to a SQLite file, a reference JSON file or a folder with both."""
+        return await service.save(body or S.SaveRequest())
+
+    @app.post("/load_memory", response_model=S.LoadResponse, tags=["persistence"])
+    async def load_memory(body: S.LoadRequest) -> Any:
+        """Replace (or merge into) the store from a saved copy."""
+        return await service.load(body)
+
+    @app.post("/clear_memory", response_model=S.ClearResponse, tags=["persistence"])
+    async def clear_memory(
+        body: S.ClearRequest | list[Any] | None = Body(default=None),
+    ) -> Any:
+        """Forget every memory (and by default the rollout buffer)."""
+        req = body if isinstance(body, S.ClearRequest) else S.ClearRequest()
+        return await service.clear(req)
+
+    @app.get("/stats", response_model=S.StatsResponse, tags=["persistence"])
+    async def stats() -> Any:
+        return await service.stats()
+
+    return app

@@ -1,0 +1,48 @@
+"""Trajectory -> workflow summary (REFERENCE §4.3).
+
+``llm`` mode: the trace (``mia.trace``) goes to the manager LLM with the compression prompt and the
+numbered "purpose (input -> output)" steps after its reasoning are kept. ``identity`` mode keeps
+the formatted trace itself (the RAG baseline of the paper).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memory_serve.config import CompressConfig
+from memory_serve.llms import sampling
+from mia.llm.base import ChatBackend, LLMError, SamplingParams
+from mia.prompts.manager import compress_prompt
+from mia.prompts.planner import text_after_think
+from mia.trace import format_trace, truncate_words
+
+
+class Compressor:
+    def __init__(self, cfg: CompressConfig, llm: ChatBackend | None) -> None:
+        if cfg.mode == "llm" and llm is None:
+            raise ValueError("compress.mode=llm needs a manager LLM")
+        self.cfg = cfg
+        self.llm = llm
+
+    def trace(self, question: str, messages: list[dict[str, Any]]) -> str:
+        return format_trace(question, messages, max_tool_words=self.cfg.max_tool_words)
+
+    def messages(self, trace: str) -> list[dict[str, Any]]:
+        """The exact chat sent to the manager LLM (tests assert it)."""
+        return [{"role": "user", "content": compress_prompt(trace, self.cfg.summary_max_words)}]
+
+    def params(self) -> SamplingParams | None:
+        assert self.llm is not None
+        return sampling(self.llm, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
+
+    async def summarise(self, trace: str) -> str:
+        if self.cfg.mode == "identity":
+            return trace
+        assert self.llm is not None
+        result = await self.llm.chat(self.messages(trace), self.params())
+        summary = text_after_think(result.text)
+        if not summary:
+            raise LLMError(f"{self.llm.name}: empty workflow summary")
+        if self.cfg.truncate_summary_words is not None:
+            summary = truncate_words(summary, self.cfg.truncate_summary_words)
+        return summary

@@ -1,0 +1,46 @@
+"""Planner conversations built by the memory service (REFERENCE §3.1, §5).
+
+Pure functions from inputs to OpenAI-style message lists; the service sends them to the manager
+or planner LLM. Keeping them here lets tests and planner training rebuild the exact prompts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mia.prompts import planner as P
+
+Message = dict[str, Any]
+
+
+def plan_messages(context: str, question: str, *, image: bool) -> list[Message]:
+    return [
+        {"role": "system", "content": P.PLANNER_SYSTEM_PROMPT},
+        {"role": "user", "content": P.plan_prompt(context, question, image=image)},
+    ]
+
+
+def judge_messages(past_messages: list[Message], trace: str) -> list[Message]:
+    return [*past_messages, {"role": "user", "content": P.judge_prompt(trace)}]
+
+
+def replan_messages(
+    past_messages: list[Message], question: str, memory: str | None = None
+) -> list[Message]:
+    return [*past_messages, {"role": "user", "content": P.replan_prompt(question, memory)}]
+
+
+def replan_train_messages(
+    question: str, plan: str, trace: str, mem_context: str, *, image: bool
+) -> list[Message]:
+    """The synthetic 6-message planner conversation used while training the Executor: the plan
+    was followed, the answer judged wrong, so the decision is a canned "yes" and the planner is
+    asked for a supplementary plan. Role names are the standard ones (the reference misspelled
+    "assistant")."""
+    return [
+        *plan_messages(mem_context, question, image=image),
+        {"role": "assistant", "content": plan},
+        {"role": "user", "content": P.judge_prompt(trace)},
+        {"role": "assistant", "content": P.REPLAN_TRAIN_DECISION},
+        {"role": "user", "content": P.replan_prompt(question)},
+    ]

@@ -1,0 +1,177 @@
+"""Plain records of the memory store (ARCHITECTURE §5, REFERENCE §4.1).
+
+Frozen dataclasses: the store hands out snapshots, so a caller can never mutate shared state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
+
+TEXT_ONLY = "text-only"
+TEXT_IMAGE = "text-image"
+MODALITIES = (TEXT_ONLY, TEXT_IMAGE)
+CORRECT = "correct"
+INCORRECT = "incorrect"
+
+__all__ = [
+    "CATEGORIES",
+    "CORRECT",
+    "DEFAULT_CATEGORY",
+    "INCORRECT",
+    "MODALITIES",
+    "TEXT_IMAGE",
+    "TEXT_ONLY",
+    "MemoryRecord",
+    "NewMemory",
+    "PlanPair",
+    "Retrieval",
+    "Rollout",
+    "ScoredMemory",
+    "WriteResult",
+    "modality_of",
+    "normalise_caption",
+    "normalise_judgement",
+]
+
+
+def normalise_caption(caption: str | list[str] | None) -> str:
+    """The reference accepts a caption string or a list of them (first one used)."""
+    if caption is None:
+        return ""
+    if isinstance(caption, list):
+        caption = next((c for c in caption if isinstance(c, str)), "")
+    return caption.strip()
+
+
+def modality_of(caption: str) -> str:
+    """text-image iff the question comes with a (non-empty) image caption."""
+    return TEXT_IMAGE if caption.strip() else TEXT_ONLY
+
+
+def normalise_judgement(value: str | bool | int | None) -> str:
+    """``"correct"`` (also ``True``/``1``), anything else is ``"incorrect"`` (reference rule)."""
+    if isinstance(value, bool):
+        return CORRECT if value else INCORRECT
+    if isinstance(value, int):
+        return CORRECT if value == 1 else INCORRECT
+    if isinstance(value, str) and value.strip().lower() == CORRECT:
+        return CORRECT
+    return INCORRECT
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    id: int
+    data_id: str
+    question: str
+    image_caption: str
+    workflow_summary: str
+    plan: str
+    judgement: str
+    usage_count: int
+    success_count: int
+    win_rate: float
+    modality: str
+    category: str
+    created_at: float
+    source: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        return self.judgement == CORRECT
+
+
+@dataclass
+class NewMemory:
+    """A trajectory to remember (already compressed). ``modality`` None = from the caption."""
+
+    question: str
+    workflow_summary: str
+    judgement: str
+    data_id: str = ""
+    image_caption: str = ""
+    plan: str = ""
+    category: str = DEFAULT_CATEGORY
+    modality: str | None = None
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    used_memory_ids: list[int] = field(default_factory=list)
+    # Counters for imports; new trajectories start at the optimistic 1/1/1.0 prior.
+    usage_count: int = 1
+    success_count: int = 1
+    win_rate: float = 1.0
+    created_at: float | None = None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    # "inserted" (new memory), "replaced" (a duplicate replaced: new id, old id removed) or
+    # "kept_existing" (a duplicate that did not win: nothing stored).
+    action: str
+    id: int
+    replaced_id: int | None = None
+    credited_ids: tuple[int, ...] = ()
+    evicted_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoredMemory:
+    record: MemoryRecord
+    similarity: float  # raw mixed cosine
+    normalised: float  # min-max normalised within the bucket
+    score: float  # similarity_weight * normalised + win_rate_weight * win_rate
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    positives: tuple[ScoredMemory, ...]
+    negatives: tuple[ScoredMemory, ...]
+    bucket_size: int = 0
+
+    @property
+    def positive_ids(self) -> list[int]:
+        return [m.record.id for m in self.positives]
+
+    @property
+    def negative_ids(self) -> list[int]:
+        return [m.record.id for m in self.negatives]
+
+
+@dataclass(frozen=True)
+class PlanPair:
+    id: int
+    data_id: str
+    question: str
+    image_caption: str
+    correct_plan: str
+    incorrect_plan: str
+    modality: str
+    category: str
+    created_at: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One buffered TTRL rollout (``/memory_bank_save``)."""
+
+    id: int
+    data_id: str
+    question: str
+    image_caption: str
+    plan: str
+    judgement: str
+    messages: list[dict[str, Any]]
+    used_memory_ids: list[int]
+    created_at: float
+    slow_plan: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Rollouts of one question group under its data_id (the question text if none)."""
+        return self.data_id or f"question:{self.question}"

@@ -1,0 +1,191 @@
+"""The reference's JSON persistence layout (REFERENCE §4.7), for import and export.
+
+``{"text-only": {"location": [entries], ..., "others": [...]}, "text-image": {...}}``, written
+with indent 4 and ``ensure_ascii=False``. Workflow entries carry ``data_id, question,
+image_caption, workflow_summary, plan, judgement, usage_count, success_count, win_rate``; plan
+entries ``data_id, question, image_caption, correct_plan, incorrect_plan`` (+ the counters).
+The reference stores no embeddings, so an import re-embeds every question and caption.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memory_serve.records import (
+    CATEGORIES,
+    DEFAULT_CATEGORY,
+    MODALITIES,
+    MemoryRecord,
+    NewMemory,
+    PlanPair,
+    normalise_caption,
+    normalise_judgement,
+)
+from mia.errors import MiaError
+from mia.paths import atomic_write_text
+
+_WORKFLOW_KEYS = (
+    "data_id",
+    "question",
+    "image_caption",
+    "workflow_summary",
+    "plan",
+    "judgement",
+    "usage_count",
+    "success_count",
+    "win_rate",
+)
+# Our fields beyond the reference's, kept under their own names so a round trip is lossless.
+_OUR_KEYS = ("id", "created_at", "source")
+
+
+def _empty_layout() -> dict[str, dict[str, list[dict[str, Any]]]]:
+    return {m: {c: [] for c in CATEGORIES} for m in MODALITIES}
+
+
+def export_workflows(records: list[MemoryRecord]) -> dict[str, Any]:
+    layout = _empty_layout()
+    for rec in records:
+        entry: dict[str, Any] = {k: getattr(rec, k) for k in _WORKFLOW_KEYS}
+        entry.update({k: getattr(rec, k) for k in _OUR_KEYS})
+        # Extra fields (e.g. evaluator_1_feedback) sit flat, as the reference's nogt entries.
+        for key, value in rec.extra.items():
+            entry.setdefault(key, value)
+        layout[rec.modality][rec.category].append(entry)
+    return layout
+
+
+def export_plan_pairs(pairs: list[PlanPair]) -> dict[str, Any]:
+    layout = _empty_layout()
+    for p in pairs:
+        entry = {
+            "data_id": p.data_id,
+            "question": p.question,
+            "image_caption": p.image_caption,
+            "correct_plan": p.correct_plan,
+            "incorrect_plan": p.incorrect_plan,
+            "usage_count": 1,
+            "success_count": 1,
+            "win_rate": 1.0,
+            "id": p.id,
+            "created_at": p.created_at,
+        }
+        for key, value in p.extra.items():
+            entry.setdefault(key, value)
+        layout[p.modality][p.category].append(entry)
+    return layout
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(data, indent=4, ensure_ascii=False))
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise MiaError(f"no memory file at {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise MiaError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict) or not set(data) <= set(MODALITIES):
+        raise MiaError(
+            f"{path}: expected the reference layout {{modality: {{category: [entries]}}}} "
+            f"with modalities {list(MODALITIES)}"
+        )
+    return data
+
+
+def _entries(data: dict[str, Any], where: str) -> list[tuple[str, str, dict[str, Any]]]:
+    out = []
+    for modality, cats in data.items():
+        if not isinstance(cats, dict):
+            raise MiaError(f"{where}: {modality!r} must map categories to lists")
+        for category, entries in cats.items():
+            if not isinstance(entries, list):
+                raise MiaError(f"{where}: {modality}/{category} must be a list")
+            cat = category if category in CATEGORIES else DEFAULT_CATEGORY
+            for i, entry in enumerate(entries):
+                if not isinstance(entry, dict) or not isinstance(entry.get("question"), str):
+                    raise MiaError(f"{where}: {modality}/{category}[{i}] has no question")
+                out.append((modality, cat, entry))
+    return out
+
+
+def is_plan_layout(data: dict[str, Any]) -> bool:
+    """True when the entries are plan pairs (``correct_plan``) rather than workflows."""
+    for cats in data.values():
+        for entries in cats.values() if isinstance(cats, dict) else ():
+            for entry in entries if isinstance(entries, list) else ():
+                return isinstance(entry, dict) and "correct_plan" in entry
+    return False
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def parse_workflows(data: dict[str, Any], where: str = "memory file") -> list[NewMemory]:
+    try:
+        return _parse_workflows(data, where)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise MiaError(f"{where}: bad memory entry: {err}") from None
+
+
+def _parse_workflows(data: dict[str, Any], where: str) -> list[NewMemory]:
+    mems = []
+    known = set(_WORKFLOW_KEYS) | set(_OUR_KEYS) | {"judgement_nogt"}
+    for modality, category, e in _entries(data, where):
+        verdict = e.get("judgement", e.get("judgement_nogt"))
+        extra = {k: v for k, v in e.items() if k not in known}
+        usage = int(e.get("usage_count", 1))
+        success = int(e.get("success_count", 1))
+        mems.append(
+            NewMemory(
+                question=e["question"],
+                workflow_summary=str(e.get("workflow_summary", "")),
+                judgement=normalise_judgement(verdict),
+                data_id=str(e.get("data_id", "")),
+                image_caption=normalise_caption(e.get("image_caption")),
+                plan=str(e.get("plan", "")),
+                category=category,
+                modality=modality,
+                source=str(e.get("source", "") or "import"),
+                extra=extra,
+                usage_count=usage,
+                success_count=success,
+                win_rate=float(e.get("win_rate", success / usage if usage else 1.0)),
+                created_at=_float_or_none(e.get("created_at")),
+            )
+        )
+    return mems
+
+
+def parse_plan_pairs(data: dict[str, Any], where: str = "plan file") -> list[dict[str, Any]]:
+    try:
+        return _parse_plan_pairs(data, where)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise MiaError(f"{where}: bad plan entry: {err}") from None
+
+
+def _parse_plan_pairs(data: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    pairs = []
+    known = {"data_id", "question", "image_caption", "correct_plan", "incorrect_plan"}
+    known |= {"usage_count", "success_count", "win_rate", "id", "created_at"}
+    for modality, category, e in _entries(data, where):
+        pairs.append(
+            {
+                "question": e["question"],
+                "correct_plan": str(e.get("correct_plan", "")),
+                "incorrect_plan": str(e.get("incorrect_plan", "")),
+                "data_id": str(e.get("data_id", "")),
+                "image_caption": normalise_caption(e.get("image_caption")),
+                "category": category,
+                "modality": modality,
+                "created_at": _float_or_none(e.get("created_at")),
+                "extra": {k: v for k, v in e.items() if k not in known},
+            }
+        )
+    return pairs

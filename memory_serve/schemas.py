@@ -1,0 +1,287 @@
+"""Request and response models of every memory_serve route.
+
+Field names follow ARCHITECTURE §4; the reference's names are accepted as aliases
+(``used_memory_indices``, ``memory_indices``, ``temp_messages``, ``save_path``, ...) so its
+scripts can talk to this service. Batch routes take one object or a JSON list of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+from memory_serve.records import CATEGORIES, MODALITIES
+
+Modality = Literal["text-only", "text-image"]
+Category = Literal[
+    "location",
+    "human",
+    "time",
+    "career",
+    "process",
+    "definition",
+    "event",
+    "function",
+    "property",
+    "others",
+]
+Rule = Literal["random", "first", "shortest", "longest", "choice"]
+Caption = str | list[str] | None
+Judgement = str | bool | int | None
+MAX_TOP_K = 100
+
+assert set(Category.__args__) == set(CATEGORIES) and set(Modality.__args__) == set(MODALITIES)  # type: ignore[attr-defined]
+
+
+def _aliases(*names: str) -> Any:
+    return AliasChoices(*names)
+
+
+class _Request(BaseModel):
+    # Unknown fields are ignored (reference clients send extras such as "images").
+    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
+
+
+class ChatMessage(BaseModel):
+    """An OpenAI-style chat message; extra keys (tool_calls, name, ...) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[Any] | None = ""
+
+
+def dump_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [m.model_dump() for m in messages]
+
+
+# ----------------------------------------------------------------------------- retrieval / plan
+
+
+class MemoryQuery(_Request):
+    question: str = Field(min_length=1)
+    image_caption: Caption = None
+    data_id: str = ""
+    mem_top_k: int | None = Field(
+        default=None, ge=0, le=MAX_TOP_K, validation_alias=_aliases("mem_top_k", "top_k")
+    )
+    pass_num: int = Field(default=0, ge=0, le=10_000)
+    min_similarity: float | None = Field(default=None, ge=-1.0, le=1.0)
+    category: Category | None = None  # skip the classifier and use this bucket
+    modality: Modality | None = None  # default: text-image iff a caption is given
+
+
+class MemoryResponse(BaseModel):
+    context: str
+    positive_ids: list[int]
+    negative_ids: list[int]
+    # Reference names of the same ids.
+    pos_indices: list[int]
+    neg_indices: list[int]
+
+
+class PlanResponse(BaseModel):
+    plan: str
+    messages: list[dict[str, Any]]
+    memory_ids: list[int]
+    positive_ids: list[int]
+    negative_ids: list[int]
+    pos_indices: list[int]
+    neg_indices: list[int]
+    context: str
+    planner: Literal["manager", "planner"]  # which LLM wrote it ("manager" = cold start)
+
+
+class JudgeReplanRequest(_Request):
+    workflow: str = Field(min_length=1, validation_alias=_aliases("workflow", "trace"))
+    past_messages: list[ChatMessage] = Field(min_length=1)
+    memory_ids: list[int] = Field(
+        default_factory=list, validation_alias=_aliases("memory_ids", "memory_indices")
+    )
+
+
+class JudgeReplanResponse(BaseModel):
+    need_replan: bool
+    decision: Literal["yes", "no"]
+    messages: list[dict[str, Any]]
+    planner: Literal["manager", "planner"]
+
+
+class ReplanRequest(MemoryQuery):
+    past_messages: list[ChatMessage] = Field(min_length=1)
+
+
+class ReplanResponse(BaseModel):
+    replan: str
+    messages: list[dict[str, Any]]
+    planner: Literal["manager", "planner"]
+
+
+class ReplanTrainRequest(_Request):
+    question: str = Field(min_length=1)
+    plan: str = ""
+    trace: str = Field(default="", validation_alias=_aliases("trace", "workflow"))
+    mem_context1: str = Field(
+        default="", validation_alias=_aliases("mem_context1", "memories_context", "memory")
+    )
+    mem_context2: str = ""  # accepted for compatibility; unused (as in the reference)
+    data_id: str = ""
+    image_caption: Caption = None
+
+
+class ReplanTrainResponse(BaseModel):
+    replan: Literal[True] = True
+    content: str
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+class _TrajectoryFields(_Request):
+    data_id: str = ""
+    question: str = Field(min_length=1)
+    image_caption: Caption = None
+    plan: str = ""
+    messages: list[ChatMessage] = Field(
+        default_factory=list, validation_alias=_aliases("messages", "temp_messages")
+    )
+    judgement: Judgement = None
+    # No-ground-truth runs: the panel's verdict and its feedback.
+    judgement_nogt: Judgement = None
+    judgement_data: dict[str, Any] | None = None
+    evaluator_1_feedback: str | None = None
+    evaluator_2_feedback: str | None = None
+    evaluator_3_feedback: str | None = None
+    used_memory_ids: list[int] = Field(
+        default_factory=list,
+        validation_alias=_aliases("used_memory_ids", "used_memory_indices", "memory_ids"),
+    )
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("judgement", "judgement_nogt", mode="before")
+    @classmethod
+    def _judgement_type(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str | bool | int):
+            raise ValueError("judgement must be 'correct'/'incorrect' or a boolean")
+        return v
+
+
+class TrajectoryItem(_TrajectoryFields):
+    """A finished trajectory for ``/memories`` (``/batch_memory_save``)."""
+
+    workflow_summary: str | None = None  # given: skip compression
+    trace: str | None = None  # given: skip trace formatting
+    source: str = ""
+    category: Category | None = None
+    modality: Modality | None = None
+
+
+class WriteOutcome(BaseModel):
+    action: Literal["inserted", "replaced", "kept_existing"]
+    id: int
+    replaced_id: int | None
+    credited_ids: list[int]
+    evicted_ids: list[int]
+    category: str
+    modality: str
+
+
+class SaveMemoriesResponse(BaseModel):
+    status: Literal["success"] = "success"
+    results: list[WriteOutcome]
+
+
+class RolloutItem(_TrajectoryFields):
+    """One TTRL rollout for ``/memory_bank_save``."""
+
+    slow_plan: str = ""
+
+
+class BankSaveResponse(BaseModel):
+    status: Literal["success"] = "success"
+    buffered: int
+    ids: list[int]
+
+
+class ConsolidateRequest(_Request):
+    seed: int | None = None  # default: ttrl.seed from the config
+
+
+class ConsolidateResponse(BaseModel):
+    status: Literal["success"] = "success"
+    questions: int
+    saved_positives: int
+    saved_negatives: int
+    saved_plan_pairs: int
+    results: list[WriteOutcome]
+
+
+class BatchEvaluateRequest(_Request):
+    output_dir: str | None = None  # default: ttrl.output_dir
+    rules: list[Rule] | None = None  # default: ttrl.rules
+    step: int | None = None  # recorded in every output row
+    seed: int | None = None
+
+
+class BatchEvaluateResponse(BaseModel):
+    status: Literal["success"] = "success"
+    processed_count: int
+    accuracy: dict[str, float | None]
+    files: dict[str, str]
+    choice_fallbacks: int
+    message: str
+
+
+# ----------------------------------------------------------------------------- persistence
+
+PersistFormat = Literal["auto", "sqlite", "json", "dir"]
+
+
+class SaveRequest(_Request):
+    path: str | None = Field(default=None, validation_alias=_aliases("path", "save_path"))
+    format: PersistFormat = "auto"
+
+
+class SaveResponse(BaseModel):
+    status: Literal["success"] = "success"
+    format: Literal["sqlite", "json", "dir"]
+    files: list[str]
+    memories: int
+    plan_pairs: int
+
+
+class LoadRequest(_Request):
+    path: str = Field(min_length=1, validation_alias=_aliases("path", "load_path"))
+    format: PersistFormat = "auto"
+    mode: Literal["replace", "merge"] = "replace"  # merge: JSON imports only
+    reembed: bool = False  # a SQLite copy made with another embedder: re-embed it
+
+
+class LoadResponse(BaseModel):
+    status: Literal["success"] = "success"
+    format: Literal["sqlite", "json", "dir"]
+    memories: int
+    plan_pairs: int
+    imported: int
+
+
+class ClearRequest(_Request):
+    rollouts: bool = True  # also empty the TTRL rollout buffer
+
+
+class ClearResponse(BaseModel):
+    status: Literal["success"] = "success"
+    message: str
+
+
+class StatsResponse(BaseModel):
+    memories: int
+    plan_pairs: int
+    buckets: dict[str, dict[str, int]]
+    buffered_rollouts: int
+    buffered_questions: int
+    embedder: str
+    dim: int
+    db_path: str
+    compress_mode: str
+    classifier: bool

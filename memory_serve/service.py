@@ -1,0 +1,632 @@
+"""The Memory Manager's behaviour behind the HTTP routes (one method per route).
+
+Async throughout: LLM calls are awaited on the event loop, store work (embedding, SQLite) runs
+in worker threads. LLM calls never happen while a store lock is held. An LLM failure answers
+502 with the error envelope; nothing half-written is left behind (summaries are computed before
+any write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from memory_serve import schemas as S
+from memory_serve import ttrl
+from memory_serve.classify import Classifier
+from memory_serve.compress import Compressor
+from memory_serve.config import MemoryServeConfig
+from memory_serve.context import format_context, format_plan_pairs
+from memory_serve.llms import sampling
+from memory_serve.planning import (
+    judge_messages,
+    plan_messages,
+    replan_messages,
+    replan_train_messages,
+)
+from memory_serve.records import (
+    CORRECT,
+    TEXT_IMAGE,
+    NewMemory,
+    Retrieval,
+    Rollout,
+    WriteResult,
+    modality_of,
+    normalise_caption,
+    normalise_judgement,
+)
+from memory_serve.refjson import (
+    export_plan_pairs,
+    export_workflows,
+    is_plan_layout,
+    parse_plan_pairs,
+    parse_workflows,
+    read_json,
+    write_json,
+)
+from memory_serve.store import MemoryStore
+from mia.errors import MiaError
+from mia.http import ApiError
+from mia.llm.base import ChatBackend, ChatResult, LLMError, Message, SamplingParams
+from mia.prompts.manager import choose_plan_prompt
+from mia.prompts.planner import parse_decision, text_after_think
+
+log = logging.getLogger("memory_serve")
+T = TypeVar("T")
+
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+JSON_SUFFIXES = (".json", ".jsonl")
+DIR_SQLITE, DIR_WORKFLOWS, DIR_PLANS = "memory.sqlite", "workflow_memory.jsonl", "plan_memory.jsonl"
+FEEDBACK_FIELDS = ("evaluator_1_feedback", "evaluator_2_feedback", "evaluator_3_feedback")
+
+
+async def gather_all(coros: Sequence[Awaitable[T]]) -> list[T]:
+    """Await all, results in order; the first failure cancels the rest and is re-raised as is
+    (so an ApiError keeps its status instead of turning into an exception group)."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(_as_coro(c)) for c in coros]
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+async def _as_coro(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+async def _bounded(limit: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run coroutine factories with at most ``limit`` in flight, results in order."""
+    sem = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[T]]) -> T:
+        async with sem:
+            return await job()
+
+    return await gather_all([one(j) for j in jobs])
+
+
+def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcome:
+    return S.WriteOutcome(
+        action=result.action,  # type: ignore[arg-type]
+        id=result.id,
+        replaced_id=result.replaced_id,
+        credited_ids=list(result.credited_ids),
+        evicted_ids=list(result.evicted_ids),
+        category=category,
+        modality=modality,
+    )
+
+
+class MemoryService:
+    def __init__(
+        self,
+        cfg: MemoryServeConfig,
+        store: MemoryStore,
+        manager: ChatBackend | None,
+        planner: ChatBackend | None = None,
+    ) -> None:
+        if manager is None and (cfg.compress.mode == "llm" or cfg.classifier.enabled):
+            raise MiaError("memory_serve: a manager LLM is needed (compress.mode=llm/classifier)")
+        self.cfg = cfg
+        self.store = store
+        self.manager = manager
+        self.planner = planner or manager
+        self.compressor = Compressor(cfg.compress, manager)
+        self.classifier = Classifier(cfg.classifier, manager)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _chat(
+        self, backend: ChatBackend | None, messages: list[Message], params: SamplingParams | None
+    ) -> ChatResult:
+        if backend is None:
+            raise ApiError(503, "no LLM configured for this route", "llm_unavailable")
+        try:
+            return await backend.chat(messages, params)
+        except LLMError as err:
+            raise ApiError(502, f"LLM call failed: {err}", "llm_error") from None
+
+    def _planner_params(self, backend: ChatBackend | None) -> SamplingParams | None:
+        if backend is None:
+            return None
+        p = self.cfg.planner
+        return sampling(backend, temperature=p.temperature, max_tokens=p.max_tokens)
+
+    def _pick(self, cold: bool) -> tuple[ChatBackend | None, str]:
+        """The manager LLM on a cold start (few memories yet), else the planner."""
+        if cold and self.cfg.planner.cold_start:
+            return self.manager, "manager"
+        return self.planner, "planner"
+
+    async def _category(self, question: str, given: str | None = None) -> str:
+        return given or await self.classifier.classify(question)
+
+    async def _where(self, q: S.MemoryQuery) -> tuple[str, str, str]:
+        """``(caption, modality, category)`` of a query."""
+        caption = normalise_caption(q.image_caption)
+        modality = q.modality or modality_of(caption)
+        category = q.category or await self.classifier.classify(q.question)
+        return caption, modality, category
+
+    async def _retrieve(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str]:
+        """The query's memories and its modality."""
+        caption, modality, category = await self._where(q)
+        found = await asyncio.to_thread(
+            self.store.retrieve,
+            q.question,
+            caption,
+            category=category,
+            modality=modality,
+            top_k=k,
+            pass_num=q.pass_num,
+            min_similarity=q.min_similarity,
+        )
+        return found, modality
+
+    def _k(self, q: S.MemoryQuery, default: int | None = None) -> int:
+        if q.mem_top_k is not None:
+            return q.mem_top_k
+        return self.cfg.store.retrieval.top_k if default is None else default
+
+    def _check_path(self, raw: str) -> Path:
+        path = Path(raw).expanduser().resolve()
+        root = self.cfg.persist.allowed_root
+        if root is not None:
+            base = Path(root).expanduser().resolve()
+            if not path.is_relative_to(base):
+                raise ApiError(403, f"path {raw!r} is outside the allowed folder {base}")
+        return path
+
+    # ------------------------------------------------------------------ retrieval / planning
+
+    async def memory(self, q: S.MemoryQuery) -> S.MemoryResponse:
+        r, _ = await self._retrieve(q, self._k(q))
+        return S.MemoryResponse(
+            context=format_context(r),
+            positive_ids=r.positive_ids,
+            negative_ids=r.negative_ids,
+            pos_indices=r.positive_ids,
+            neg_indices=r.negative_ids,
+        )
+
+    async def plan(self, q: S.MemoryQuery) -> S.PlanResponse:
+        k = self._k(q)
+        r, modality = await self._retrieve(q, k)
+        context = format_context(r)
+        messages = plan_messages(context, q.question, image=modality == TEXT_IMAGE)
+        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
+        result = await self._chat(backend, messages, self._planner_params(backend))
+        messages.append({"role": "assistant", "content": result.text})
+        return S.PlanResponse(
+            plan=text_after_think(result.text),
+            messages=messages,
+            memory_ids=r.positive_ids + r.negative_ids,
+            positive_ids=r.positive_ids,
+            negative_ids=r.negative_ids,
+            pos_indices=r.positive_ids,
+            neg_indices=r.negative_ids,
+            context=context,
+            planner=who,  # type: ignore[arg-type]
+        )
+
+    async def judge_replan(self, req: S.JudgeReplanRequest) -> S.JudgeReplanResponse:
+        messages = judge_messages(S.dump_messages(req.past_messages), req.workflow)
+        # As /plan: a question planned on a cold start is also judged by the manager.
+        cold = len(req.memory_ids) < 2 * self.cfg.store.retrieval.top_k
+        backend, who = self._pick(cold)
+        result = await self._chat(backend, messages, self._planner_params(backend))
+        messages.append({"role": "assistant", "content": result.text})
+        need = parse_decision(result.text)
+        return S.JudgeReplanResponse(
+            need_replan=need,
+            decision="yes" if need else "no",
+            messages=messages,
+            planner=who,  # type: ignore[arg-type]
+        )
+
+    async def replan(self, req: S.ReplanRequest) -> S.ReplanResponse:
+        k = self._k(req, self.cfg.planner.replan_top_k)
+        r, _ = await self._retrieve(req, k)
+        memory = format_context(r) if self.cfg.planner.replan_include_memory else None
+        messages = replan_messages(S.dump_messages(req.past_messages), req.question, memory)
+        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
+        result = await self._chat(backend, messages, self._planner_params(backend))
+        messages.append({"role": "assistant", "content": result.text})
+        return S.ReplanResponse(
+            replan=text_after_think(result.text),
+            messages=messages,
+            planner=who,  # type: ignore[arg-type]
+        )
+
+    async def replan_train(self, req: S.ReplanTrainRequest) -> S.ReplanTrainResponse:
+        variant = self.cfg.planner.replan_train_variant
+        caption = normalise_caption(req.image_caption)
+        image = variant == "image" or (variant == "auto" and bool(caption))
+        messages = replan_train_messages(
+            req.question, req.plan, req.trace, req.mem_context1, image=image
+        )
+        result = await self._chat(self.planner, messages, self._planner_params(self.planner))
+        return S.ReplanTrainResponse(content=text_after_think(result.text))
+
+    # ------------------------------------------------------------------ writes
+
+    def _verdict(self, item: S._TrajectoryFields) -> str:
+        value = item.judgement if item.judgement is not None else item.judgement_nogt
+        if value is None:
+            raise ApiError(422, "judgement is required ('correct' or 'incorrect')")
+        return normalise_judgement(value)
+
+    @staticmethod
+    def _extra(item: S._TrajectoryFields) -> dict[str, Any]:
+        extra = dict(item.extra)
+        if item.judgement_data is not None:
+            extra["judgement_data"] = item.judgement_data
+            for key in FEEDBACK_FIELDS:
+                if item.judgement_data.get(key):
+                    extra[key] = str(item.judgement_data[key])
+        for key in FEEDBACK_FIELDS:
+            value = getattr(item, key)
+            if value:
+                extra[key] = value
+        return extra
+
+    async def _summaries(
+        self, jobs: list[tuple[str, list[Message], str | None, str | None]]
+    ) -> list[str]:
+        """Workflow summaries for ``(question, messages, trace, summary)``; given ones are kept."""
+
+        def job(question: str, msgs: list[Message], trace: str | None, summary: str | None):
+            async def run() -> str:
+                if summary is not None:
+                    return summary
+                text = trace if trace is not None else self.compressor.trace(question, msgs)
+                try:
+                    return await self.compressor.summarise(text)
+                except LLMError as err:
+                    raise ApiError(502, f"workflow summary failed: {err}", "llm_error") from None
+
+            return run
+
+        return await _bounded(self.cfg.compress.concurrency, [job(*j) for j in jobs])
+
+    async def _write(self, mems: list[NewMemory]) -> list[WriteResult]:
+        def work() -> list[WriteResult]:
+            q, c = self.store.embed([m.question for m in mems], [m.image_caption for m in mems])
+            return [self.store.write(m, q[i], c[i]) for i, m in enumerate(mems)]
+
+        try:
+            return await asyncio.to_thread(work)
+        except MiaError as err:
+            raise ApiError(400, str(err)) from None
+
+    async def save_memories(self, items: list[S.TrajectoryItem]) -> S.SaveMemoriesResponse:
+        verdicts = [self._verdict(it) for it in items]  # validate everything before any LLM call
+        summaries = await self._summaries(
+            [
+                (it.question, S.dump_messages(it.messages), it.trace, it.workflow_summary)
+                for it in items
+            ]
+        )
+        categories = await gather_all([self._category(it.question, it.category) for it in items])
+        mems = []
+        for it, verdict, summary, category in zip(
+            items, verdicts, summaries, categories, strict=True
+        ):
+            caption = normalise_caption(it.image_caption)
+            mems.append(
+                NewMemory(
+                    question=it.question,
+                    workflow_summary=summary,
+                    judgement=verdict,
+                    data_id=it.data_id,
+                    image_caption=caption,
+                    plan=it.plan,
+                    category=category,
+                    modality=it.modality or modality_of(caption),
+                    source=it.source or "trajectory",
+                    extra=self._extra(it),
+                    used_memory_ids=list(it.used_memory_ids),
+                )
+            )
+        results = await self._write(mems)
+        return S.SaveMemoriesResponse(
+            results=[
+                _outcome(r, m.category, str(m.modality)) for r, m in zip(results, mems, strict=True)
+            ]
+        )
+
+    # ------------------------------------------------------------------ TTRL
+
+    async def bank_save(self, items: list[S.RolloutItem]) -> S.BankSaveResponse:
+        rows = [
+            {
+                "data_id": it.data_id,
+                "question": it.question,
+                "image_caption": normalise_caption(it.image_caption),
+                "plan": it.plan,
+                "slow_plan": it.slow_plan,
+                "judgement": self._verdict(it),
+                "messages": S.dump_messages(it.messages),
+                "used_memory_ids": list(it.used_memory_ids),
+                "extra": self._extra(it),
+            }
+            for it in items
+        ]
+        ids = await asyncio.to_thread(self.store.buffer_rollouts, rows)
+        return S.BankSaveResponse(buffered=len(ids), ids=ids)
+
+    def _rollout_memory(self, r: Rollout, summary: str, category: str, credit: bool) -> NewMemory:
+        return NewMemory(
+            question=r.question,
+            workflow_summary=summary,
+            judgement=r.judgement,
+            data_id=r.data_id,
+            image_caption=r.image_caption,
+            plan=r.plan,
+            category=category,
+            source="ttrl",
+            extra=dict(r.extra),
+            used_memory_ids=list(r.used_memory_ids) if credit else [],
+        )
+
+    async def consolidate(self, req: S.ConsolidateRequest) -> S.ConsolidateResponse:
+        seed = self.cfg.ttrl.seed if req.seed is None else req.seed
+        snapshot = await asyncio.to_thread(self.store.rollouts)
+        groups = ttrl.group_rollouts(snapshot)
+        picks = [ttrl.consolidate_group(g, seed) for g in groups.values()]
+        chosen: list[tuple[Rollout, bool]] = []
+        for pick in picks:
+            if pick.positive is not None:
+                chosen.append((pick.positive, pick.credit_positive))
+            if pick.negative is not None:
+                chosen.append((pick.negative, pick.credit_negative))
+        summaries = await self._summaries([(r.question, r.messages, None, None) for r, _ in chosen])
+        categories = await gather_all([self._category(r.question) for r, _ in chosen])
+        mems = [
+            self._rollout_memory(r, s, category, credit)
+            for (r, credit), s, category in zip(chosen, summaries, categories, strict=True)
+        ]
+        results = await self._write(mems)
+        pairs = 0
+        for pick in picks:
+            if pick.positive is not None and pick.negative is not None:
+                p = pick.positive
+                await asyncio.to_thread(
+                    self.store.add_plan_pair,
+                    p.question,
+                    p.plan,
+                    pick.negative.plan,
+                    data_id=p.data_id,
+                    image_caption=p.image_caption,
+                    category=await self.classifier.classify(p.question),
+                )
+                pairs += 1
+        await asyncio.to_thread(self.store.delete_rollouts, [r.id for r in snapshot])
+        stored = [(m, res) for m, res in zip(mems, results, strict=True)]
+        return S.ConsolidateResponse(
+            questions=len(groups),
+            saved_positives=sum(
+                1 for m, res in stored if m.judgement == CORRECT and res.action != "kept_existing"
+            ),
+            saved_negatives=sum(
+                1 for m, res in stored if m.judgement != CORRECT and res.action != "kept_existing"
+            ),
+            saved_plan_pairs=pairs,
+            results=[_outcome(res, m.category, modality_of(m.image_caption)) for m, res in stored],
+        )
+
+    async def _choose(self, group: list[Rollout]) -> int | None:
+        """The LLM's pick among a question's rollouts (None: unusable reply or failed call)."""
+        first = group[0]
+        if len(group) == 1:
+            return 0
+        category = await self.classifier.classify(first.question)
+        pairs = await asyncio.to_thread(
+            self.store.retrieve_plan_pairs, first.question, first.image_caption, category=category
+        )
+        prompt = choose_plan_prompt(
+            first.question, format_plan_pairs([p for p, _ in pairs]), [r.plan for r in group]
+        )
+        assert self.manager is not None
+        params = sampling(self.manager, temperature=0.0, max_tokens=self.cfg.ttrl.choice_max_tokens)
+        try:
+            result = await self.manager.chat([{"role": "user", "content": prompt}], params)
+        except LLMError as err:
+            log.warning("plan choice failed for %s: %s", first.key, err)
+            return None
+        return ttrl.parse_choice(result.text, len(group))
+
+    async def batch_evaluate(self, req: S.BatchEvaluateRequest) -> S.BatchEvaluateResponse:
+        out = req.output_dir or self.cfg.ttrl.output_dir
+        if not out:
+            raise ApiError(400, "no output_dir in the request and ttrl.output_dir is not set")
+        out_dir = self._check_path(out)
+        rules = list(req.rules or self.cfg.ttrl.rules)
+        if "choice" in rules and self.manager is None:
+            raise ApiError(400, "the 'choice' rule needs a manager LLM")
+        seed = self.cfg.ttrl.seed if req.seed is None else req.seed
+        groups = list(ttrl.group_rollouts(await asyncio.to_thread(self.store.rollouts)).values())
+        fallbacks = 0
+        picks: dict[str, list[int]] = {}
+        for rule in rules:
+            if rule == "choice":
+                choices = await _bounded(
+                    self.cfg.ttrl.concurrency, [lambda g=g: self._choose(g) for g in groups]
+                )
+                fallbacks = sum(1 for c in choices if c is None)
+                picks[rule] = [0 if c is None else c for c in choices]
+            else:
+                picks[rule] = [ttrl.select_index(rule, g, seed) for g in groups]
+
+        def write_files() -> dict[str, str]:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            files = {}
+            for rule in rules:
+                path = out_dir / f"evaluated-{rule}.jsonl"
+                with path.open("a", encoding="utf-8") as f:
+                    for g, i in zip(groups, picks[rule], strict=True):
+                        f.write(
+                            json.dumps(self._eval_row(rule, g, i, req.step), ensure_ascii=False)
+                        )
+                        f.write("\n")
+                files[rule] = str(path)
+            return files
+
+        try:
+            files = await asyncio.to_thread(write_files)
+        except OSError as err:
+            raise ApiError(400, f"cannot write to {out}: {err}") from None
+        accuracy: dict[str, float | None] = {}
+        for rule in rules:
+            hits = [groups[j][i].judgement == CORRECT for j, i in enumerate(picks[rule])]
+            accuracy[rule] = sum(hits) / len(hits) if hits else None
+        return S.BatchEvaluateResponse(
+            processed_count=len(groups),
+            accuracy=accuracy,
+            files=files,
+            choice_fallbacks=fallbacks,
+            message=f"evaluated {len(groups)} questions under {len(rules)} rules",
+        )
+
+    @staticmethod
+    def _eval_row(rule: str, group: list[Rollout], i: int, step: int | None) -> dict[str, Any]:
+        r = group[i]
+        return {
+            "rule": rule,
+            "step": step,
+            "data_id": r.data_id,
+            "question": r.question,
+            "image_caption": r.image_caption,
+            "plan": r.plan,
+            "judgement": r.judgement,
+            "selected_index": i,
+            "num_rollouts": len(group),
+            "used_memory_ids": r.used_memory_ids,
+            "messages": r.messages,
+            "extra": r.extra,
+        }
+
+    # ------------------------------------------------------------------ persistence
+
+    @staticmethod
+    def _format_of(path: Path, fmt: str) -> str:
+        if fmt != "auto":
+            return fmt
+        if path.suffix.lower() in SQLITE_SUFFIXES:
+            return "sqlite"
+        if path.suffix.lower() in JSON_SUFFIXES:
+            return "json"
+        return "dir"
+
+    async def save(self, req: S.SaveRequest) -> S.SaveResponse:
+        raw = req.path or self.cfg.ttrl.output_dir
+        if not raw:
+            raise ApiError(400, "no path in the request and ttrl.output_dir is not set")
+        path = self._check_path(raw)
+        fmt = (
+            "dir"
+            if req.path is None and req.format == "auto"
+            else self._format_of(path, req.format)
+        )
+        store = self.store
+
+        def work() -> list[str]:
+            if fmt == "sqlite":
+                return [str(store.backup(path))]
+            if fmt == "json":
+                write_json(path, export_workflows(store.records()))
+                return [str(path)]
+            path.mkdir(parents=True, exist_ok=True)
+            store.backup(path / DIR_SQLITE)
+            write_json(path / DIR_WORKFLOWS, export_workflows(store.records()))
+            write_json(path / DIR_PLANS, export_plan_pairs(store.plan_pairs()))
+            return [str(path / n) for n in (DIR_SQLITE, DIR_WORKFLOWS, DIR_PLANS)]
+
+        try:
+            files = await asyncio.to_thread(work)
+        except (OSError, sqlite3.Error) as err:
+            raise ApiError(400, f"cannot save to {raw}: {err}") from None
+        return S.SaveResponse(
+            format=fmt,  # type: ignore[arg-type]
+            files=files,
+            memories=len(store),
+            plan_pairs=len(store.plan_pairs()),
+        )
+
+    async def load(self, req: S.LoadRequest) -> S.LoadResponse:
+        path = self._check_path(req.path)
+        if not path.exists():
+            raise ApiError(404, f"nothing to load at {req.path}")
+        fmt = self._format_of(path, req.format)
+        if fmt == "dir" and not path.is_dir():
+            raise ApiError(400, f"{req.path} is not a folder (use format sqlite or json)")
+        store = self.store
+
+        def import_json(files: list[Path]) -> int:
+            datas = [read_json(f) for f in files]  # parse everything before clearing
+            parsed = [
+                (parse_plan_pairs(d, str(f)), True)
+                if is_plan_layout(d)
+                else (parse_workflows(d, str(f)), False)
+                for d, f in zip(datas, files, strict=True)
+            ]
+            if req.mode == "replace":  # replace the kinds being loaded, keep the others
+                store.clear(
+                    memories=any(not plans for _, plans in parsed),
+                    plan_pairs=any(plans for _, plans in parsed),
+                    rollouts=False,
+                )
+            n = 0
+            for entries, plans in parsed:
+                if plans:
+                    n += store.import_plan_pairs(entries)
+                else:
+                    n += len(store.import_memories(entries, progress=True))
+            return n
+
+        def work() -> int:
+            if fmt == "sqlite" or (fmt == "dir" and (path / DIR_SQLITE).is_file()):
+                if req.mode != "replace":
+                    raise MiaError("a SQLite copy can only be loaded with mode=replace")
+                store.restore(
+                    path / DIR_SQLITE if fmt == "dir" else path, reembed_on_mismatch=req.reembed
+                )
+                return len(store) + len(store.plan_pairs())
+            if fmt == "json":
+                return import_json([path])
+            files = [path / n for n in (DIR_WORKFLOWS, DIR_PLANS) if (path / n).is_file()]
+            if not files:
+                raise MiaError(f"{path} holds no {DIR_SQLITE}, {DIR_WORKFLOWS} or {DIR_PLANS}")
+            return import_json(files)
+
+        try:
+            imported = await asyncio.to_thread(work)
+        except MiaError as err:
+            raise ApiError(400, str(err)) from None
+        except (OSError, sqlite3.Error) as err:
+            raise ApiError(400, f"cannot load {req.path}: {err}") from None
+        return S.LoadResponse(
+            format=fmt,  # type: ignore[arg-type]
+            memories=len(store),
+            plan_pairs=len(store.plan_pairs()),
+            imported=imported,
+        )
+
+    async def clear(self, req: S.ClearRequest) -> S.ClearResponse:
+        await asyncio.to_thread(self.store.clear, rollouts=req.rollouts)
+        what = (
+            "memories, plan pairs and rollout buffer" if req.rollouts else "memories and plan pairs"
+        )
+        return S.ClearResponse(message=f"cleared {what}")
+
+    async def stats(self) -> S.StatsResponse:
+        data = await asyncio.to_thread(self.store.stats)
+        return S.StatsResponse(
+            **data, compress_mode=self.cfg.compress.mode, classifier=self.classifier.enabled
+        )
