@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("mia.models.cli:main", "build/inspect the embedded default model"),
     "web-tools": ("web_tools.cli:main", "online search gateway (Serper, cached)"),
     "search": ("local_search.cli:main", "offline retrieval: build/serve a BM25 or dense index"),
+    "serve": ("serve.cli:main", "Executor service: /execute and /continue (port 5001)"),
+    "memory": ("memory_serve.__main__:main", "run the Memory Manager service (memory_serve)"),
 }
 
 

@@ -10,18 +10,22 @@ the model's raw distribution (what vLLM reports by default and what GRPO needs),
 Sampling is per request: temperature 0 is greedy; otherwise temperature + top-p with a private
 ``torch.Generator`` seeded from ``params.seed`` (so a seeded request gives the same reply whether
 it ran alone or in a batch). ``presence_penalty`` works as in vLLM (subtracted once from every
-token already generated). Text models only: image parts are refused with a clear error.
+token already generated). Chat messages are text only (image parts are refused with a clear
+error); id-level requests may carry Qwen2.5-VL vision inputs (``pixel_values``,
+``image_grid_thw``) for prompts whose image pads are already expanded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +47,8 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: concurrent.futures.Future[_Output] = field(default_factory=concurrent.futures.Future)
+    # Qwen2.5-VL: {"pixel_values": [patches, dim], "image_grid_thw": [images, 3]} for this row.
+    multimodal: dict[str, Any] | None = None
 
 
 @dataclass
@@ -84,6 +90,8 @@ class _Engine:
         )
         # Rust tokenizers raise "Already borrowed" when used from two threads at once.
         self.tok_lock = threading.Lock()
+        # Held while a batch decodes; hold it to change the weights in place between batches.
+        self.busy = threading.Lock()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
@@ -104,7 +112,12 @@ class _Engine:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         return list(ids)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        multimodal: dict[str, Any] | None = None,
+    ) -> _Request:
         if not prompt_ids:
             raise LLMError(f"local model {self.name}: empty prompt")
         if self.max_positions and len(prompt_ids) >= self.max_positions:
@@ -119,10 +132,35 @@ class _Engine:
                 f"local model {self.name}: need temperature >= 0 and 0 < top_p <= 1, got "
                 f"{params.temperature}, {params.top_p}"
             )
-        req = _Request(prompt_ids=prompt_ids, params=params)
+        if multimodal:
+            multimodal = self._check_multimodal(prompt_ids, multimodal)
+        req = _Request(prompt_ids=prompt_ids, params=params, multimodal=multimodal or None)
         self._ensure_worker()
         self._queue.put(req)
         return req
+
+    def _check_multimodal(self, prompt_ids: list[int], mm: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        unknown = sorted(set(mm) - {"pixel_values", "image_grid_thw"})
+        if unknown:
+            raise LLMError(f"local model {self.name}: unknown multimodal inputs {unknown}")
+        cfg = self.model.config
+        image_id = getattr(cfg, "image_token_id", None)
+        if image_id is None or not hasattr(getattr(self.model, "model", None), "get_rope_index"):
+            raise LLMError(f"local model {self.name}: this model takes no image inputs")
+        if mm.get("pixel_values") is None or mm.get("image_grid_thw") is None:
+            raise LLMError(f"local model {self.name}: images need pixel_values and image_grid_thw")
+        grid = torch.as_tensor(mm["image_grid_thw"], dtype=torch.long).reshape(-1, 3)
+        merge = int(cfg.vision_config.spatial_merge_size)
+        want = int((grid.prod(-1) // (merge * merge)).sum())
+        have = sum(1 for t in prompt_ids if t == image_id)
+        if want != have:
+            raise LLMError(
+                f"local model {self.name}: the prompt has {have} image pad tokens but "
+                f"image_grid_thw needs {want} (expand the pads before generating)"
+            )
+        return {"pixel_values": torch.as_tensor(mm["pixel_values"]), "image_grid_thw": grid}
 
     def _ensure_worker(self) -> None:
         with self._thread_lock:
@@ -175,7 +213,8 @@ class _Engine:
         self.requests += len(live)
         self.max_batch_seen = max(self.max_batch_seen, len(live))
         try:
-            outputs = self._generate(live)
+            with self.busy:
+                outputs = self._generate(live)
         except Exception as err:  # one bad batch must not kill the worker
             log.exception("local model %s: batch of %d failed", self.name, len(live))
             error = LLMError(f"local model {self.name}: generation failed: {err}")
@@ -207,6 +246,7 @@ class _Engine:
         # Left padding: positions count real tokens only, so a padded row sees the same
         # positions (and therefore the same logits) as when it runs alone.
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        vision, pos = self._vision_prefill(reqs, input_ids, attn, pos, torch)
         gens: list[torch.Generator | None] = []
         for r in reqs:
             if r.params.temperature > 0:
@@ -219,7 +259,7 @@ class _Engine:
 
         out = self.model(
             input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=1, **vision,
         )  # fmt: skip
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
@@ -256,7 +296,7 @@ class _Engine:
             if all(f is not None for f in finish):
                 break
             attn = torch.cat([attn, attn.new_ones((n, 1))], dim=-1)
-            pos = pos[:, -1:] + 1
+            pos = pos[..., -1:] + 1  # [B, 1], or [4, B, 1] with vision positions
             out = self.model(
                 input_ids=nxt[:, None], attention_mask=attn, position_ids=pos,
                 past_key_values=cache, use_cache=True,
@@ -281,6 +321,26 @@ class _Engine:
                 )
             )
         return results
+
+    def _vision_prefill(
+        self, reqs: list[_Request], input_ids: Any, attn: Any, pos: Any, torch: Any
+    ) -> tuple[dict[str, Any], Any]:
+        """Qwen2.5-VL prefill inputs: every row's pixel values concatenated in row order (the
+        order the model fills image pads in) and [4, B, L] positions (text row, then the 3-D
+        rotary t/h/w rows), computed as the trainer's forward pass computes them."""
+        rows = [r.multimodal for r in reqs if r.multimodal]
+        if not rows:
+            return {}, pos
+        dtype = next(self.model.parameters()).dtype
+        pixels = torch.cat([m["pixel_values"] for m in rows]).to(self.device, dtype)
+        grid = torch.cat([m["image_grid_thw"] for m in rows]).to(self.device)
+        kinds = torch.zeros_like(input_ids, dtype=torch.int)
+        kinds[input_ids == self.model.config.image_token_id] = 1
+        rope, _ = self.model.model.get_rope_index(
+            input_ids, mm_token_type_ids=kinds, image_grid_thw=grid, attention_mask=attn
+        )
+        positions = torch.cat([pos[None], rope.to(pos)])
+        return {"pixel_values": pixels, "image_grid_thw": grid}, positions
 
     def _hit_stop(self, ids: list[int], stops: list[str], seen_len: list[int], i: int) -> bool:
         with self.tok_lock:
@@ -327,8 +387,16 @@ def _flatten(message: Message, name: str) -> Message:
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    return eos_token_ids(getattr(model, "generation_config", None), tokenizer)
+
+
+def eos_token_ids(generation_config: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The ids that end a reply: generation config eos, tokenizer eos, ChatML ``<|im_end|>``.
+
+    Public so other engines (vLLM) stop on exactly the tokens this one stops on.
+    """
     ids: set[int] = set()
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    gen_eos = getattr(generation_config, "eos_token_id", None)
     for value in (gen_eos, tokenizer.eos_token_id):
         if isinstance(value, int):
             ids.add(value)
@@ -466,6 +534,54 @@ class LocalChat:
             logprobs=out.logprobs,
             extra=extra,
         )
+
+    # ---- id-level generation (token-in/token-out rollouts, mia.agent.TokenPolicy)
+    @property
+    def tokenizer_lock(self) -> threading.Lock:
+        """Hold this while using :attr:`tokenizer` from another thread: the batching worker
+        decodes with it, and Rust tokenizers fail when two threads use one at once."""
+        return self._engine.tok_lock
+
+    @property
+    def max_context(self) -> int | None:
+        """The model's context length in tokens (None when the config does not say)."""
+        return self._engine.max_positions or None
+
+    async def generate_ids(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        multimodal: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        """Continue ``prompt_ids`` exactly (no chat template, no re-tokenisation).
+
+        ``token_ids``/``logprobs`` are every sampled token (a final eos included; tokens of a
+        stop string included); ``text`` is their decoding cut at the first stop string.
+        ``multimodal`` (Qwen2.5-VL): ``pixel_values`` and ``image_grid_thw`` of the images whose
+        (already expanded) pads are in ``prompt_ids``.
+        """
+        p = replace(params or self.defaults)
+        if p.stop:
+            p.stop = [s for s in p.stop if s]
+        ids = [int(t) for t in prompt_ids]
+        req = self._engine.submit(ids, p, multimodal)
+        out = await asyncio.wrap_future(req.future)
+        return ChatResult(
+            text=out.text,
+            finish_reason=out.finish_reason,
+            prompt_tokens=len(ids),
+            completion_tokens=len(out.token_ids),
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            extra={"prompt_token_ids": ids},
+        )
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the model while no batch decodes (e.g. to load new weights in place); the next
+        batch waits until the block ends."""
+        with self._engine.busy:
+            yield
 
     async def aclose(self) -> None:
         # The worker restarts on the next call, so closing one role's view is harmless to others.

@@ -1,0 +1,6 @@
+"""``python -m serve``."""
+
+from serve.cli import run
+
+if __name__ == "__main__":
+    run()

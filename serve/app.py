@@ -1,0 +1,253 @@
+"""The Executor service: runs the Executor loop on a plan (``/execute``) and continues it with a
+revised plan (``/continue``). Route aliases keep the reference's names (``/plan``, ``/replan``).
+
+Stateless: ``/continue`` receives the conversation ``/execute`` returned. A tool service that is
+down gives the model an error observation and sets ``tool_error`` in the response; a failing LLM
+answers 502.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mia.agent import ChatPolicy, ExecutorLoop, ReplanLimitError, ToolSet, Trajectory
+from mia.agent.config import AgentConfig
+from mia.errors import MiaError
+from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
+from mia.llm.base import ChatBackend, LLMError
+from mia.models.vision import ImageError, load_image
+
+# ---------------------------------------------------------------------------- wire models
+
+
+class _Request(BaseModel):
+    # Reference clients send extra fields (mem contexts, ...): ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+    question: str = Field(description="the question the Executor answers")
+    images: list[str] | str | None = Field(
+        default=None, description="question images: base64 strings or data URLs"
+    )
+    data_id: str | int | None = Field(
+        default=None, description="question id; the image-search cache folder name"
+    )
+
+    @field_validator("question")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class ExecuteRequest(_Request):
+    plan: str = Field(description="the Planner's plan ('' for none)")
+    image_caption: str | list[str] | None = Field(
+        default=None, description="accepted for compatibility; not shown to the Executor"
+    )
+
+
+class ContinueRequest(_Request):
+    messages: list[dict[str, Any]] = Field(
+        min_length=2, description="the conversation returned by /execute (or /continue)"
+    )
+    replan: str = Field(description="the supplementary plan")
+
+    @field_validator("replan")
+    @classmethod
+    def _replan(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class ToolCallInfo(BaseModel):
+    turn: int
+    attempt: int
+    name: str | None
+    arguments: dict[str, Any] | None
+    ok: bool
+    error_kind: str | None
+    error: str | None
+
+
+class ExecuteResponse(BaseModel):
+    answer: str = Field(description="the final answer ('' when the run ended without one)")
+    trace: str = Field(description="readable trace (for /continue: the new turns only)")
+    messages: list[dict[str, Any]] = Field(description="the whole conversation, images inline")
+    tool_calls: list[ToolCallInfo]
+    turns: int = Field(description="assistant turns in this call")
+    usage: Usage
+    tool_errors: list[str] = Field(description="tool services that failed in this call")
+    tool_error: bool
+    stop_reason: str = Field(description="answer | max_turns | context_budget | ...")
+    forced_answer: bool = Field(description="the model was told to answer now")
+    replanned: bool
+    data_id: str | None
+
+
+# ---------------------------------------------------------------------------- service
+
+
+def decode_images(images: list[str] | str | None) -> list[Any]:
+    """Request images (base64 or data URLs) -> PIL images; 422 names the bad one. Paths and
+    URLs are refused: the service never reads files or fetches URLs for a client."""
+    if images is None:
+        return []
+    items = [images] if isinstance(images, str) else images
+    out = []
+    for i, item in enumerate(items):
+        text = item.strip()
+        try:
+            if text.startswith("data:"):
+                out.append(load_image(text))
+                continue
+            try:
+                data = base64.b64decode("".join(text.split()), validate=True)
+            except (binascii.Error, ValueError):
+                raise ImageError("not base64 or a data URL") from None
+            if not data:
+                raise ImageError("empty image")
+            out.append(load_image(data))
+        except ImageError as err:
+            raise ApiError(422, f"images[{i}]: {err}", "bad_image") from None
+    return out
+
+
+class ExecutorService:
+    """The loop behind the routes: a :class:`ChatPolicy` over ``backend`` and ``tools``."""
+
+    def __init__(
+        self,
+        backend: ChatBackend,
+        tools: ToolSet,
+        agent: AgentConfig | None = None,
+        *,
+        max_concurrency: int = 8,
+        chars_per_token: float = 3.0,
+        image_tokens: int = 256,
+    ) -> None:
+        self.backend = backend
+        self.tools = tools
+        policy = ChatPolicy(backend, chars_per_token=chars_per_token, image_tokens=image_tokens)
+        self.loop = ExecutorLoop(policy, tools, agent)
+        self.max_concurrency = max_concurrency
+        self._sem: asyncio.Semaphore | None = None
+        self.requests = 0
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        if self._sem is None:  # created on the server's loop, at first use
+            self._sem = asyncio.Semaphore(self.max_concurrency)
+        return self._sem
+
+    async def _guard(self, coro: Any) -> Trajectory:
+        self.requests += 1
+        async with self._semaphore():
+            try:
+                return await coro
+            except ReplanLimitError as err:
+                raise ApiError(409, str(err), "replan_limit") from None
+            except LLMError as err:
+                raise ApiError(502, f"executor LLM failed: {err}", "llm_error") from None
+            except MiaError as err:
+                raise ApiError(422, str(err)) from None
+
+    async def execute(self, req: ExecuteRequest) -> dict[str, Any]:
+        images = decode_images(req.images)
+        task = {
+            "question": req.question,
+            "images": images,
+            "plan": req.plan,
+            "data_id": None if req.data_id is None else str(req.data_id),
+        }
+        traj = await self._guard(self.loop.run(task))
+        return _response(traj, trace=traj.trace, turns=traj.turns, calls=traj.tool_calls)
+
+    async def continue_(self, req: ContinueRequest) -> dict[str, Any]:
+        images = decode_images(req.images)
+        data_id = None if req.data_id is None else str(req.data_id)
+
+        async def work() -> Trajectory:
+            traj = self.loop.resume(req.question, req.messages, images=images, data_id=data_id)
+            return await self.loop.continue_with_plan(traj, req.replan)
+
+        traj = await self._guard(work())
+        attempt = traj.attempts[-1]
+        calls = [c for c in traj.tool_calls if c.attempt == len(traj.attempts) - 1]
+        return _response(traj, trace=traj.attempt_trace(-1), turns=attempt.turns, calls=calls)
+
+    def health(self) -> dict[str, Any]:
+        cfg = self.loop.cfg
+        return {
+            "llm": getattr(self.backend, "name", type(self.backend).__name__),
+            "tools": self.tools.names,
+            "max_turns": cfg.max_turns,
+            "max_tool_calls": cfg.max_tool_calls,
+            "context_budget": self.loop.budget(),
+            "requests": self.requests,
+        }
+
+
+def _response(traj: Trajectory, *, trace: str, turns: int, calls: list[Any]) -> dict[str, Any]:
+    return {
+        "answer": traj.answer,
+        "trace": trace,
+        "messages": traj.messages,
+        "tool_calls": [
+            {
+                "turn": c.turn,
+                "attempt": c.attempt,
+                "name": c.name,
+                "arguments": c.arguments,
+                "ok": c.ok,
+                "error_kind": c.error_kind,
+                "error": c.error,
+            }
+            for c in calls
+        ],
+        "turns": turns,
+        "usage": {"prompt_tokens": traj.prompt_tokens, "completion_tokens": traj.completion_tokens},
+        "tool_errors": list(traj.tool_errors),
+        "tool_error": traj.tool_error,
+        "stop_reason": traj.stop_reason,
+        "forced_answer": traj.forced_answer,
+        "replanned": traj.replanned,
+        "data_id": traj.data_id,
+    }
+
+
+def create_serve_app(
+    service: ExecutorService,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    app = create_app("serve", token=token, max_body_bytes=max_body_bytes, health=service.health)
+    app.state.service = service
+
+    async def execute(req: ExecuteRequest) -> dict[str, Any]:
+        return await service.execute(req)
+
+    async def continue_(req: ContinueRequest) -> dict[str, Any]:
+        return await service.continue_(req)
+
+    for path in ("/execute", "/plan"):
+        app.post(path, response_model=ExecuteResponse, summary="run the Executor on a plan")(
+            execute
+        )
+    for path in ("/continue", "/replan"):
+        app.post(path, response_model=ExecuteResponse, summary="continue with a revised plan")(
+            continue_
+        )
+    return app
