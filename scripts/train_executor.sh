@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Stage 1 of training: Executor GRPO (plans from a fixed Planner, reward of REFERENCE §7.1).
+set -euo pipefail
+. "$(dirname "$0")/_common.sh"
+
+CONFIG_NAME="${CONFIG_NAME:-}"   # a Hydra config name of executor_train; empty = its default
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+export WANDB_MODE="${WANDB_MODE:-offline}"
+
+usage() {
+  cat <<USAGE
+usage: scripts/train_executor.sh [hydra overrides...]
+
+Runs: python -m executor_train [--config-name CONFIG_NAME] [overrides...]
+Variables (environment overrides; current values):
+  CONFIG_NAME=${CONFIG_NAME:-<default>} PYTHON=$PYTHON RAY_AUTH_MODE=$RAY_AUTH_MODE
+  WANDB_MODE=$WANDB_MODE HF_HUB_OFFLINE=$HF_HUB_OFFLINE; DRY_RUN=1 prints the command.
+The config and its overrides: python -m executor_train --help (Hydra). Reward weights:
+configs/reward/executor.yaml. Merge a checkpoint afterwards with scripts/merge.sh.
+USAGE
+}
+if wants_help "${1:-}"; then usage; exit 0; fi
+
+run "$PYTHON" -m executor_train ${CONFIG_NAME:+--config-name "$CONFIG_NAME"} "$@"
