@@ -1,0 +1,135 @@
+"""``python -m local_search build|serve`` (also ``mia search build|serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from mia.errors import MiaError
+from mia.http import add_server_args
+
+from .config import FAISS_TYPES, METHODS, load_config
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="local_search build", description="Build a BM25 or dense index of a JSONL corpus."
+    )
+    p.add_argument("--corpus", required=True, help='JSONL, one {"id", "contents"} per line')
+    p.add_argument("--out", required=True, help="index folder (replaced only on success)")
+    p.add_argument("--method", choices=METHODS, default=None)
+    p.add_argument("--model", default=None, help="dense: sentence-transformers model or folder")
+    p.add_argument("--faiss", choices=FAISS_TYPES, default=None, help="dense: FAISS index type")
+    p.add_argument("--batch-size", type=int, default=None, help="dense: encoder batch size")
+    p.add_argument("--device", default=None, help="dense: torch device for the encoder (cpu)")
+    p.add_argument("--max-seq-length", type=int, default=None)
+    p.add_argument("--nlist", type=int, default=None, help="ivfpq: inverted lists (auto)")
+    p.add_argument("--pq-m", type=int, default=None, help="ivfpq: PQ sub-quantizers (dim/4)")
+    p.add_argument("--k1", type=float, default=None, help="bm25: k1")
+    p.add_argument("--b", type=float, default=None, help="bm25: b")
+    p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
+    return p
+
+
+def build_main(argv: list[str]) -> None:
+    args = _build_parser().parse_args(argv)
+    cfg = load_config(args.config).build
+    overrides = {
+        "model": args.model,
+        "faiss": args.faiss,
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "max_seq_length": args.max_seq_length,
+        "ivf_nlist": args.nlist,
+        "pq_m": args.pq_m,
+    }
+    if args.k1 is not None:
+        cfg.bm25.k1 = args.k1
+    if args.b is not None:
+        cfg.bm25.b = args.b
+    from .index import build_index
+
+    start = time.perf_counter()
+    m = build_index(args.corpus, args.out, args.method or cfg.method, cfg, **overrides)
+    what = f"{m.method}" + (f" ({m.model}, {m.faiss})" if m.method == "dense" else "")
+    print(
+        f"built {what} index of {m.num_docs} passages in {time.perf_counter() - start:.1f}s "
+        f"-> {args.out}",
+        flush=True,
+    )
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="local_search serve", description="Serve an index over the Search-R1 /retrieve API."
+    )
+    p.add_argument("--index", required=True, help="index folder made by `build`")
+    p.add_argument("--topk", type=int, default=None, help="topk when a request omits it (3)")
+    p.add_argument("--max-topk", type=int, default=None, help="largest topk accepted (100)")
+    p.add_argument("--max-queries", type=int, default=None, help="queries per request (256)")
+    p.add_argument("--nprobe", type=int, default=None, help="ivfpq: lists visited per query")
+    p.add_argument("--ef-search", type=int, default=None, help="hnsw: search breadth")
+    p.add_argument("--device", default=None, help="dense: torch device for queries (cpu)")
+    p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
+    add_server_args(p, default_port=8001, env_prefix="LOCAL_SEARCH")
+    return p
+
+
+def serve_main(argv: list[str]) -> None:
+    args = _serve_parser().parse_args(argv)
+    cfg = load_config(args.config).serve
+    for attr, value in (
+        ("default_topk", args.topk),
+        ("max_topk", args.max_topk),
+        ("max_queries", args.max_queries),
+        ("nprobe", args.nprobe),
+        ("ef_search", args.ef_search),
+        ("device", args.device),
+    ):
+        if value is not None:
+            setattr(cfg, attr, value)
+    cfg.validate()
+    from mia.http import run_app
+
+    from .index import open_index
+    from .server import create_search_app
+
+    # Open (and so validate) the index before binding: a bad index exits 2 with one line.
+    retriever = open_index(args.index, cfg)
+    m = retriever.manifest
+    print(f"local_search: {m.method} index of {m.num_docs} passages from {args.index}", flush=True)
+    app = create_search_app(retriever, cfg, token=args.token, max_body_bytes=args.max_body_bytes)
+    try:
+        run_app(app, host=args.host, port=args.port, port_file=args.port_file)
+    except OSError as err:  # bind failures: port taken, address not local, no permission
+        raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    finally:
+        retriever.close()
+
+
+_COMMANDS = {"build": build_main, "serve": serve_main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch ``build`` / ``serve``; MiaError propagates (the caller prints it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m local_search {build,serve} [options]  (-h after one for help)")
+        raise SystemExit(0 if argv else 2)
+    if argv[0] not in _COMMANDS:
+        raise MiaError(f"unknown command {argv[0]!r} (use build or serve)")
+    _COMMANDS[argv[0]](argv[1:])
+
+
+def run() -> None:
+    """Entry point of ``python -m local_search``: one line and exit 2 on a MiaError."""
+    try:
+        main()
+    except MiaError as err:
+        # One line, even when a library's message spans several.
+        print(f"local_search: error: {' '.join(str(err).split())}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
+    except KeyboardInterrupt:
+        print("local_search: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None

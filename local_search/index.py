@@ -1,0 +1,209 @@
+"""Index folders: build (atomically, manifest last) and open (validated) — the in-process API.
+
+An index folder holds ``docs.jsonl`` + ``docs.offsets.npy`` (see corpus.py), the method's files
+and ``index.json``, the manifest. The folder is assembled under a temporary sibling name and
+renamed into place only when complete (``mia.paths.atomic_dir``), and the manifest is the last
+file written, so an interrupted build never leaves a folder that looks valid. The manifest
+records every file's size; ``open_index`` checks them before loading anything heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from mia.errors import MiaError
+from mia.paths import atomic_dir, atomic_write_text
+
+from .config import BuildConfig, ServeConfig
+from .corpus import DocId, DocStore, write_docstore
+
+MANIFEST = "index.json"
+FORMAT = "mia-local-search"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved passage. ``row`` is its position in the corpus."""
+
+    row: int
+    id: DocId
+    contents: str
+    score: float
+
+    def document(self) -> dict[str, Any]:
+        """The Search-R1 document object."""
+        return {"id": self.id, "contents": self.contents}
+
+
+@dataclass
+class Manifest:
+    method: str
+    num_docs: int
+    corpus_sha256: str
+    created: str
+    model: str | None = None
+    faiss: str | None = None
+    dim: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    corpus_path: str = ""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    def info(self) -> dict[str, Any]:
+        """What ``GET /health`` shows about the index."""
+        keys = ("method", "model", "faiss", "num_docs", "corpus_sha256", "created")
+        return {k: getattr(self, k) for k in keys}
+
+
+class Retriever(ABC):
+    """Search an opened index. Thread-safe; ``search`` is batched over queries."""
+
+    def __init__(self, index_dir: Path, manifest: Manifest) -> None:
+        self.index_dir = index_dir
+        self.manifest = manifest
+        self.docs = DocStore(index_dir)
+
+    @abstractmethod
+    def _search_rows(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
+        """Best-first ``(row, score)`` pairs per query, at most ``k`` each."""
+
+    def search(self, queries: list[str], topk: int = 3) -> list[list[Hit]]:
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+            raise TypeError("queries must be a list of strings")
+        if topk < 1:
+            raise ValueError("topk must be >= 1")
+        if not queries:
+            return []
+        k = min(topk, self.manifest.num_docs)
+        out = []
+        for pairs in self._search_rows(queries, k):
+            hits = []
+            for row, score in pairs:
+                doc = self.docs.get(row)
+                hits.append(Hit(row=row, id=doc["id"], contents=doc["contents"], score=score))
+            out.append(hits)
+        return out
+
+    def close(self) -> None:
+        self.docs.close()
+
+    def __enter__(self) -> Retriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def build_index(
+    corpus_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    method: str = "bm25",
+    config: BuildConfig | None = None,
+    **dense_overrides: Any,
+) -> Manifest:
+    """Build an index of ``corpus_path`` into ``out_dir`` (replaced only on success).
+
+    ``dense_overrides`` (e.g. ``model=``, ``faiss=``, ``batch_size=``) patch ``config.dense``.
+    """
+    cfg = config or BuildConfig()
+    cfg.method = method
+    for key, value in dense_overrides.items():
+        if not hasattr(cfg.dense, key):
+            raise MiaError(f"unknown dense build option {key!r}")
+        if value is not None:
+            setattr(cfg.dense, key, value)
+    cfg.validate()
+    out = Path(out_dir)
+    if Path(corpus_path).resolve() == out.resolve():
+        raise MiaError("output folder must differ from the corpus file")
+    with atomic_dir(out) as tmp:
+        stats = write_docstore(corpus_path, tmp)
+        manifest = Manifest(
+            method=method,
+            num_docs=stats.num_docs,
+            corpus_sha256=stats.sha256,
+            created="",
+            corpus_path=str(Path(corpus_path).resolve()),
+        )
+        if method == "bm25":
+            from .bm25 import build_bm25
+
+            build_bm25(tmp, cfg.bm25, manifest)
+        else:
+            from .dense import build_dense
+
+            build_dense(tmp, cfg.dense, manifest)
+        manifest.files = {
+            p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST
+        }
+        manifest.created = _now()
+        # Last write: until this file exists the folder is not an index.
+        atomic_write_text(tmp / MANIFEST, json.dumps(asdict(manifest), indent=2) + "\n")
+    return manifest
+
+
+def read_manifest(index_dir: str | os.PathLike[str]) -> Manifest:
+    """Load and check ``index.json`` and the files it lists; MiaError names what is wrong."""
+    d = Path(index_dir)
+    if not d.is_dir():
+        raise MiaError(f"index folder not found: {d}")
+    path = d / MANIFEST
+    if not path.is_file():
+        raise MiaError(
+            f"{d} is not a local_search index (no {MANIFEST}; an interrupted build never writes "
+            "one): build it with `python -m local_search build`"
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"format is {raw.get('format')!r}, not {FORMAT!r}")
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"unsupported format_version {raw.get('format_version')!r}")
+        manifest = Manifest(**raw)
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise MiaError(f"index {d} is corrupt: unreadable {MANIFEST} ({err})") from None
+    for name, size in manifest.files.items():
+        f = d / name
+        if not f.is_file():
+            raise MiaError(f"index {d} is corrupt: missing file {name}")
+        if f.stat().st_size != size:
+            raise MiaError(
+                f"index {d} is corrupt: {name} is {f.stat().st_size} bytes, manifest says {size}"
+            )
+    return manifest
+
+
+def open_index(index_dir: str | os.PathLike[str], serve: ServeConfig | None = None) -> Retriever:
+    """Open a built index for searching. ``serve`` holds query-time knobs (nprobe, ef_search)."""
+    serve = serve or ServeConfig()
+    d = Path(index_dir)
+    manifest = read_manifest(d)
+    try:
+        if manifest.method == "bm25":
+            from .bm25 import Bm25Retriever
+
+            return Bm25Retriever(d, manifest)
+        if manifest.method == "dense":
+            from .dense import DenseRetriever
+
+            return DenseRetriever(
+                d, manifest, nprobe=serve.nprobe, ef_search=serve.ef_search, device=serve.device
+            )
+    except MiaError:
+        raise
+    except Exception as err:  # any loader failure means the folder cannot be served
+        msg = str(err).splitlines()[0] if str(err) else ""
+        raise MiaError(f"index {d} is unreadable: {type(err).__name__}: {msg}") from None
+    raise MiaError(f"index {d} is corrupt: unknown method {manifest.method!r}")
