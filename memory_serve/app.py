@@ -89,6 +89,11 @@ def build_app(
             name=f"save_memories{path.replace('/', '_')}",
         )
 
+    @app.post("/memories/find", response_model=S.FindMemoriesResponse, tags=["memory"])
+    async def find_memories(body: S.FindMemoriesRequest) -> Any:
+        """Stored memories written for these ``data_ids`` (optionally from one ``source``)."""
+        return await service.find_memories(body)
+
     @app.post("/memory_bank_save", response_model=S.BankSaveResponse, tags=["ttrl"])
     async def bank_save(body: list[S.RolloutItem] | S.RolloutItem) -> Any:
         """Buffer TTRL rollouts per question until the next consolidation."""

@@ -191,6 +191,28 @@ class SaveMemoriesResponse(BaseModel):
     results: list[WriteOutcome]
 
 
+class FindMemoriesRequest(_Request):
+    """Which stored memories came from these trajectories (``/memories/find``): lets a client
+    that crashed between "trajectory finished" and "write acknowledged" check before retrying,
+    so a write keyed by ``data_id`` (+ ``source``) is never duplicated."""
+
+    data_ids: list[str] = Field(min_length=1, max_length=100_000)
+    source: str | None = None  # only memories written with this source
+
+
+class FoundMemory(BaseModel):
+    id: int
+    data_id: str
+    question: str
+    judgement: str
+    source: str
+    created_at: float
+
+
+class FindMemoriesResponse(BaseModel):
+    memories: list[FoundMemory]
+
+
 class RolloutItem(_TrajectoryFields):
     """One TTRL rollout for ``/memory_bank_save``."""
 

@@ -43,3 +43,17 @@ def combined_score(
 def rank(ids: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Positions ordered by score descending, then id ascending."""
     return np.lexsort((ids, -score))
+
+
+def top_positions(ids: np.ndarray, score: np.ndarray, select: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` positions of ``rank`` restricted to ``select``, without sorting the
+    whole bucket: a linear-time partition keeps every row tied with the n-th best, and only
+    those few are sorted (same order as ``rank``)."""
+    pos = np.flatnonzero(select)
+    if n <= 0 or pos.size == 0:
+        return pos[:0]
+    if pos.size > n:
+        s = score[pos]
+        kth = np.partition(s, pos.size - n)[pos.size - n]
+        pos = pos[s >= kth]
+    return pos[np.lexsort((ids[pos], -score[pos]))][:n]

@@ -175,7 +175,11 @@ class MemoryService:
         return self.cfg.store.retrieval.top_k if default is None else default
 
     def _check_path(self, raw: str) -> Path:
-        path = Path(raw).expanduser().resolve()
+        # A NUL byte (ValueError) or an unknown ~user (RuntimeError) is bad input, not a 500.
+        try:
+            path = Path(raw).expanduser().resolve()
+        except (ValueError, RuntimeError, OSError) as err:
+            raise ApiError(400, f"invalid path {raw[:200]!r}: {err}") from None
         root = self.cfg.persist.allowed_root
         if root is not None:
             base = Path(root).expanduser().resolve()
@@ -338,6 +342,24 @@ class MemoryService:
         return S.SaveMemoriesResponse(
             results=[
                 _outcome(r, m.category, str(m.modality)) for r, m in zip(results, mems, strict=True)
+            ]
+        )
+
+    async def find_memories(self, req: S.FindMemoriesRequest) -> S.FindMemoriesResponse:
+        wanted = set(req.data_ids)
+        records = await asyncio.to_thread(self.store.records)
+        return S.FindMemoriesResponse(
+            memories=[
+                S.FoundMemory(
+                    id=r.id,
+                    data_id=r.data_id,
+                    question=r.question,
+                    judgement=r.judgement,
+                    source=r.source,
+                    created_at=r.created_at,
+                )
+                for r in records
+                if r.data_id in wanted and (req.source is None or r.source == req.source)
             ]
         )
 
@@ -561,7 +583,11 @@ class MemoryService:
 
     async def load(self, req: S.LoadRequest) -> S.LoadResponse:
         path = self._check_path(req.path)
-        if not path.exists():
+        try:
+            exists = path.exists()
+        except OSError as err:  # e.g. a file name over the OS limit
+            raise ApiError(400, f"cannot load {req.path[:200]!r}: {err}") from None
+        if not exists:
             raise ApiError(404, f"nothing to load at {req.path}")
         fmt = self._format_of(path, req.format)
         if fmt == "dir" and not path.is_dir():

@@ -42,7 +42,7 @@ from memory_serve.records import (
     WriteResult,
     modality_of,
 )
-from memory_serve.scoring import combined_score, minmax, mixed_similarity, rank
+from memory_serve.scoring import combined_score, minmax, mixed_similarity, rank, top_positions
 from mia.embedding import Embedder
 from mia.errors import MiaError
 
@@ -558,11 +558,9 @@ class MemoryStore:
             sim = mixed_similarity(qm, cm, q_emb, c_emb, r.question_weight, r.caption_weight)
             norm = minmax(sim)
             score = combined_score(norm, win, r.similarity_weight, r.win_rate_weight)
-            order = rank(ids, score)
-            if floor is not None:
-                order = order[sim[order] >= floor]
-            pos = order[correct[order]][pass_num : pass_num + k]
-            neg = order[~correct[order]][pass_num : pass_num + k]
+            keep = np.ones(len(ids), dtype=bool) if floor is None else sim >= floor
+            pos = top_positions(ids, score, keep & correct, pass_num + k)[pass_num:]
+            neg = top_positions(ids, score, keep & ~correct, pass_num + k)[pass_num:]
 
             def scored(rows: np.ndarray) -> tuple[ScoredMemory, ...]:
                 return tuple(
