@@ -26,6 +26,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-length", type=int, default=None)
     p.add_argument("--nlist", type=int, default=None, help="ivfpq: inverted lists (auto)")
     p.add_argument("--pq-m", type=int, default=None, help="ivfpq: PQ sub-quantizers (dim/4)")
+    p.add_argument(
+        "--no-rerank-vectors",
+        action="store_true",
+        help="ivfpq: do not store the float16 vectors used for exact re-ranking",
+    )
     p.add_argument("--k1", type=float, default=None, help="bm25: k1")
     p.add_argument("--b", type=float, default=None, help="bm25: b")
     p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
@@ -43,6 +48,7 @@ def build_main(argv: list[str]) -> None:
         "max_seq_length": args.max_seq_length,
         "ivf_nlist": args.nlist,
         "pq_m": args.pq_m,
+        "rerank_vectors": False if args.no_rerank_vectors else None,
     }
     if args.k1 is not None:
         cfg.bm25.k1 = args.k1
@@ -70,6 +76,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queries", type=int, default=None, help="queries per request (256)")
     p.add_argument("--nprobe", type=int, default=None, help="ivfpq: lists visited per query")
     p.add_argument("--ef-search", type=int, default=None, help="hnsw: search breadth")
+    p.add_argument(
+        "--rerank",
+        type=int,
+        default=None,
+        help="ivfpq: re-score rerank*topk candidates (10; 0=off)",
+    )
     p.add_argument("--device", default=None, help="dense: torch device for queries (cpu)")
     p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
     add_server_args(p, default_port=8001, env_prefix="LOCAL_SEARCH")
@@ -85,6 +97,7 @@ def serve_main(argv: list[str]) -> None:
         ("max_queries", args.max_queries),
         ("nprobe", args.nprobe),
         ("ef_search", args.ef_search),
+        ("rerank", args.rerank),
         ("device", args.device),
     ):
         if value is not None:

@@ -34,6 +34,7 @@ class DenseConfig:
     ivf_nlist: int | None = None
     pq_m: int | None = None
     pq_nbits: int = 8
+    rerank_vectors: bool = True
     hnsw_m: int = 32
     hnsw_ef_construction: int = 200
 
@@ -66,6 +67,7 @@ class ServeConfig:
     max_queries: int = 256
     nprobe: int = 64
     ef_search: int = 128
+    rerank: int = 10
     device: str = "cpu"
 
     def validate(self) -> None:
@@ -73,6 +75,8 @@ class ServeConfig:
             raise MiaError(f"default topk {self.default_topk} not in 1..{self.max_topk}")
         if self.max_queries < 1 or self.nprobe < 1 or self.ef_search < 1:
             raise MiaError("max_queries, nprobe and ef_search must be >= 1")
+        if self.rerank < 0:
+            raise MiaError("rerank must be >= 0 (0 = off)")
 
 
 @dataclass

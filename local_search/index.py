@@ -199,7 +199,12 @@ def open_index(index_dir: str | os.PathLike[str], serve: ServeConfig | None = No
             from .dense import DenseRetriever
 
             return DenseRetriever(
-                d, manifest, nprobe=serve.nprobe, ef_search=serve.ef_search, device=serve.device
+                d,
+                manifest,
+                nprobe=serve.nprobe,
+                ef_search=serve.ef_search,
+                device=serve.device,
+                rerank_factor=serve.rerank,
             )
     except MiaError:
         raise

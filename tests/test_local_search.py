@@ -519,6 +519,7 @@ def test_dense_index_ranks_the_right_passage(dense_dirs: dict[str, Path], kind: 
     assert manifest["model"] == "all-MiniLM-L6-v2" and manifest["dim"] == 384
     assert manifest["params"]["query_prefix"] == ""
     assert "embeddings.scratch.npy" not in manifest["files"]
+    assert ("vectors.f16.npy" in manifest["files"]) == (kind == "ivfpq")
     with open_index(dense_dirs[kind]) as r:
         results = r.search([q for q, _ in QUERIES], topk=3)
     assert [hits[0].id for hits in results] == [want for _, want in QUERIES]
@@ -526,8 +527,22 @@ def test_dense_index_ranks_the_right_passage(dense_dirs: dict[str, Path], kind: 
         assert len(hits) == 3
         scores = [h.score for h in hits]
         assert scores == sorted(scores, reverse=True)
-        if kind != "ivfpq":  # exact inner products of unit vectors are cosines
-            assert all(-1.0 <= s <= 1.0001 for s in scores)
+        assert all(-1.0 <= s <= 1.0001 for s in scores)  # cosines (ivfpq: re-ranked exactly)
+
+
+def test_ivfpq_rerank_matches_flat_and_can_be_off(dense_dirs: dict[str, Path]) -> None:
+    queries = [q for q, _ in QUERIES] + ["a sweet drink from leaves", "roads closed"]
+    with open_index(dense_dirs["flat"]) as flat, open_index(dense_dirs["ivfpq"]) as ivf:
+        exact = flat.search(queries, 5)
+        reranked = ivf.search(queries, 5)
+    for a, b in zip(exact, reranked, strict=True):
+        # 40 passages, one IVF list, 50 candidates: re-ranking sees everything.
+        assert [h.row for h in a] == [h.row for h in b]
+        assert [h.score for h in b] == pytest.approx([h.score for h in a], abs=2e-3)  # float16
+    with open_index(dense_dirs["ivfpq"], ServeConfig(rerank=0)) as pq_only:
+        assert pq_only.vectors is None
+        hits = pq_only.search(queries, 3)
+    assert all(len(row) == 3 for row in hits)
 
 
 def test_dense_service_roundtrip(dense_dirs: dict[str, Path]) -> None:
