@@ -1,0 +1,95 @@
+"""Times the real ``mia demo`` (SmolLM2-135M, embedded default) and prints one table row.
+
+    python bench/demo_bench.py                 # warm: reuses $MIA_HOME (model, world, index)
+    python bench/demo_bench.py --cold          # a fresh MIA_HOME: model build + world + index too
+    python bench/demo_bench.py --questions 8 -- agent.max_turns=2     # demo arguments after --
+
+Reports the wall time and the CPU time of the whole process tree (the demo and its three
+service subprocesses, from ``getrusage(RUSAGE_CHILDREN)``), the load average before and after
+(other work on a shared machine stretches wall time; CPU seconds / cores is the wall time the
+same work needs on otherwise idle cores), and the demo's own table. JSON lands in
+``.mia/bench/demo.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--cold", action="store_true", help="fresh MIA_HOME (builds everything)")
+    p.add_argument("--questions", type=int, default=None, help="demo --questions")
+    p.add_argument("--out", default=None, help="demo --out (default: a temp folder)")
+    p.add_argument("demo_args", nargs="*", help="more demo arguments (after --)")
+    args = p.parse_args()
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    home_tmp = tempfile.TemporaryDirectory(prefix="mia-demo-bench-") if args.cold else None
+    if home_tmp is not None:
+        env["MIA_HOME"] = home_tmp.name
+    out = args.out or tempfile.mkdtemp(prefix="mia-demo-out-")
+    cmd = [sys.executable, "-m", "mia.cli", "demo", "--out", out, "--no-progress"]
+    if args.questions is not None:
+        cmd += ["--questions", str(args.questions)]
+    cmd += args.demo_args
+
+    load_before = os.getloadavg()
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_after = os.getloadavg()
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
+        raise SystemExit(f"mia demo failed with exit code {proc.returncode}")
+    cpu = (usage_after.ru_utime - usage_before.ru_utime) + (
+        usage_after.ru_stime - usage_before.ru_stime
+    )
+    cores = os.cpu_count() or 1
+    summary = json.loads((Path(out) / "summary.json").read_text())["policies"]
+    result = {
+        "mode": "cold" if args.cold else "warm",
+        "questions": summary[0]["questions"] if summary else None,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "cores": cores,
+        "cpu_s_per_core": round(cpu / cores, 1),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in load_after],
+        "policies": {s["policy"]: {k: s.get(k) for k in ("accuracy", "wall_s")} for s in summary},
+        "machine": f"{platform.processor() or platform.machine()}, {cores} cores",
+        "command": " ".join(cmd[2:]),
+    }
+    bench_dir = ROOT / ".mia" / "bench"
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    (bench_dir / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = proc.stdout[proc.stdout.find("policy ") :].split("\n\n")[0]
+    print(table)
+    print()
+    print(
+        "| mode | questions/policy | wall | CPU (all processes) | CPU / cores | load avg (1 min) before -> after |"
+    )
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {result['mode']} | {result['questions']} | {wall:.0f} s | {cpu:.0f} s | "
+        f"{cpu / cores:.0f} s | {load_before[0]:.1f} -> {load_after[0]:.1f} |"
+    )
+    if home_tmp is not None:
+        home_tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

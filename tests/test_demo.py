@@ -1,0 +1,160 @@
+"""``mia demo`` end to end with a tiny model override: world + index built under $MIA_HOME,
+three real service subprocesses, both policies, and no process or port left behind — after a
+normal run and after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
+
+    out = tmp_path_factory.mktemp("tiny")
+    tok = build_tokenizer()
+    save_tiny(tiny_qwen2(tok), tok, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MIA_EVAL_FAULT"}
+    env.update(MIA_HOME=str(home), HF_HUB_OFFLINE="1")
+    return env
+
+
+def _demo(model: Path, out: Path, questions: int, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "mia.cli",
+        "demo",
+        "--model",
+        str(model),
+        "--questions",
+        str(questions),
+        "--world-size",
+        "small",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+        "agent.max_turns=2",
+        # The tiny model answers in milliseconds: no 200 ms batching window per request.
+        *(f"local_roles.{role}.batch_wait_ms=5" for role in ("executor", "planner", "manager")),
+        *extra,
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose (its parent has not reaped it yet)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _listening(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def _assert_stopped(services_json: Path) -> None:
+    services = json.loads(services_json.read_text())
+    assert set(services) == {"local_search", "serve", "memory_serve_llm"}
+    for name, info in services.items():
+        assert not _alive(info["pid"]), f"{name} (pid {info['pid']}) is still running"
+        assert info["url"].startswith("http://127.0.0.1:")
+        assert not _listening(info["url"]), f"{name} still listens on {info['url']}"
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = subprocess.run(
+        _demo(tiny_model, out, 2), env=_env(home), capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"mia demo: policies none, mia on 2 questions -> {out}"
+    for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"):
+        assert any(line.startswith(step) for line in lines), step
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy "))
+    assert lines[header].split()[:3] == ["policy", "n", "acc"]
+    assert lines[header + 2].split()[:2] == ["none", "2"]
+    assert lines[header + 3].split()[:2] == ["mia", "2"]
+    assert any(line.startswith("done in ") for line in lines)
+    # The tiny model is not the embedded one: no SmolLM2 note.
+    assert not any("SmolLM2" in line for line in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [p["policy"] for p in summary["policies"]] == ["none", "mia"]
+    assert [p["questions"] for p in summary["policies"]] == [2, 2]
+    for policy in ("none", "mia"):
+        rows = [json.loads(x) for x in (out / policy / "results.jsonl").read_text().splitlines()]
+        assert [r_["modality"] for r_ in rows] == ["text-only", "text-only"]
+        assert all(r_["error"] is None for r_ in rows)
+    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _assert_stopped(out / "services" / "services.json")
+    # World and index are cached under $MIA_HOME/demo and built atomically (no temp folders).
+    demo_home = home / "demo"
+    assert sorted(p.name for p in demo_home.iterdir()) == [
+        "index-world-small-s0-bm25",
+        "world-small-s0",
+    ]
+
+
+@pytest.mark.slow
+def test_demo_ctrl_c_stops_every_service(tiny_model: Path, home: Path, tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    cached = (home / "demo" / "world-small-s0" / "world.json").is_file()
+    proc = subprocess.Popen(
+        _demo(tiny_model, out, 12),
+        env=_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    services_json = out / "services" / "services.json"
+    deadline = time.monotonic() + 300
+    while not services_json.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    time.sleep(0.5)  # the evaluation has started
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "mia demo: interrupted"
+    assert ("reusing" in stdout) == cached  # a cached world and index are reused
+    _assert_stopped(services_json)
+
+
+def test_demo_bad_model_folder_exits_2(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "mia.cli", "demo", "--model", str(tmp_path / "none")],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"mia demo: error: --model: not a folder: {tmp_path / 'none'}"
