@@ -163,6 +163,23 @@ def policy_loss(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
+# ----------------------------------------------------------------------------- supervised loss
+
+
+def sft_loss(
+    logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    agg: LossAgg = "token-mean",
+    denom: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cross-entropy (negative log-likelihood) of the mask-1 tokens: logprobs[B, T], mask[B, T].
+
+    The same aggregation modes and global ``denom`` as :func:`policy_loss`, so supervised
+    warm-ups and SFT runs share the micro-batch / data-parallel bookkeeping of GRPO.
+    """
+    return aggregate(-logprobs, mask, agg, denom)
+
+
 # ----------------------------------------------------------------------------- KL and entropy
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -38,7 +39,14 @@ import torch
 
 from mia.errors import MiaError
 from mia.rl import dist as D
-from mia.rl.grpo import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs
+from mia.rl.grpo import (
+    aggregate,
+    entropy_from_logits,
+    kl_penalty,
+    policy_loss,
+    sft_loss,
+    token_logprobs,
+)
 
 Batch = dict[str, Any]
 TOKEN_KEYS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "ref_logprobs")
@@ -100,6 +108,10 @@ class PolicyConfig:
     device: str = "auto"  # auto | cpu | cuda
     mixed_precision: str = "auto"  # auto (bf16 autocast on GPU, none on CPU) | bf16 | none
     gradient_checkpointing: bool = False
+    # Regexes (re.search on parameter names): only matching parameters train, the rest are
+    # frozen (after LoRA's own selection). Empty = all. E.g. the top layers of a small model
+    # on CPU: a backward pass that stops early is much cheaper.
+    trainable: list[str] = field(default_factory=list)
     micro_batch_size: int = 4  # samples per forward/backward on each rank
     logprob_micro_batch_size: int = 8
     logits_chunk_size: int = 4096  # rows per float32 log-softmax chunk
@@ -225,6 +237,20 @@ class LRSchedule:
 # ----------------------------------------------------------------------------- the policy
 
 
+def restrict_trainable(module: torch.nn.Module, patterns: list[str]) -> int:
+    """Freeze every trainable parameter whose name matches none of ``patterns`` (regexes,
+    ``re.search``); returns how many parameter tensors still train."""
+    compiled = [re.compile(p) for p in patterns]
+    kept = 0
+    for name, param in module.named_parameters():
+        if param.requires_grad and not any(c.search(name) for c in compiled):
+            param.requires_grad_(False)
+        kept += int(param.requires_grad)
+    if not kept:
+        raise MiaError(f"policy.trainable {patterns} matches no trainable parameter")
+    return kept
+
+
 def is_vision_config(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
@@ -307,6 +333,8 @@ class PolicyModel:
                 )
             if self.cfg.lora.rank > 0:
                 module = self._add_lora(hf)
+            if self.cfg.trainable:
+                restrict_trainable(module, self.cfg.trainable)
         else:
             module.requires_grad_(False)
         module.to(self.device)
@@ -581,6 +609,48 @@ class PolicyModel:
             skipped=0.0 if stepped else 1.0,
         )
         return metrics
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised optimizer step: cross-entropy on the ``response_mask`` tokens.
+
+        Same batch layout, micro-batching and global normalisation as :meth:`train_step` (every
+        rank must call it with the same number of samples). Metrics: ``loss`` (mean NLL per
+        token for token-mean), ``grad_norm``, ``lr``, ``n_tokens``, ``n_seqs``, ``step``.
+        """
+        validate_batch(batch, ("input_ids", "attention_mask", "response_mask"))
+        agg = self.cfg.loss.agg
+        mask = batch["response_mask"]
+        counts = torch.tensor(
+            [float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=self.device
+        )
+        D.all_reduce(counts)
+        n_tokens, n_seqs = float(counts[0]), float(counts[1])
+        denom = n_tokens if agg == "token-mean" else n_seqs
+        total = 0.0
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in self._micro_batches(batch, self.cfg.micro_batch_size):
+            with self._autocast():
+                lp, _ = self._forward(self.module, mb)
+            loss = sft_loss(lp, mb["response_mask"].to(self.device), agg, denom)  # type: ignore[arg-type]
+            (loss * self.dist.world_size).backward()  # undo FSDP's mean over ranks
+            total += float(loss.detach())
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        grad_norm = self._clip_and_step()
+        stepped = math.isfinite(grad_norm)
+        if stepped:
+            self.scheduler.step()
+        summed = torch.tensor([total], dtype=torch.float64, device=self.device)
+        D.all_reduce(summed)
+        return {
+            "loss": float(summed[0]),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "n_tokens": n_tokens,
+            "n_seqs": n_seqs,
+            "step": float(self.step),
+            "skipped": 0.0 if stepped else 1.0,
+        }
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.module.parameters() if p.grad is not None]

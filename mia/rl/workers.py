@@ -58,8 +58,11 @@ class PolicyWorker:
     def train_step(self, batch: Batch) -> dict[str, float]:
         return self.policy.train_step(batch)
 
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        return self.policy.compute_logprobs(batch)
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        return self.policy.sft_step(batch)
+
+    def compute_logprobs(self, batch: Batch, return_entropy: bool = False) -> Any:
+        return self.policy.compute_logprobs(batch, return_entropy=return_entropy)
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         return self.policy.compute_ref_logprobs(batch)
@@ -178,9 +181,18 @@ class PolicyGroup:
         slices, _ = self._scatter(batch, pad=False)
         return self._run("train_step", [(s,) for s in slices])[0]
 
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised optimizer step (cross-entropy on ``response_mask`` tokens)."""
+        slices, _ = self._scatter(batch, pad=False)
+        return self._run("sft_step", [(s,) for s in slices])[0]
+
+    def compute_logprobs(self, batch: Batch, return_entropy: bool = False) -> Any:
+        """Log-probs [B, L]; with ``return_entropy`` a (log-probs, entropies) pair."""
         slices, n = self._scatter(batch, pad=True)
-        return torch.cat(self._run("compute_logprobs", [(s,) for s in slices]))[:n]
+        outs = self._run("compute_logprobs", [(s, return_entropy) for s in slices])
+        if return_entropy:
+            return torch.cat([o[0] for o in outs])[:n], torch.cat([o[1] for o in outs])[:n]
+        return torch.cat(outs)[:n]
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         slices, n = self._scatter(batch, pad=True)

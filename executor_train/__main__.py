@@ -1,0 +1,4 @@
+from executor_train.train import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,787 @@
+"""The GRPO trainer, generic over an episode and a reward function.
+
+    Trainer(cfg, episode, reward_fn, dataset).fit()
+
+One step (``configs/rl/trainer.yaml``):
+
+1. take ``batch_size`` samples (shuffled per epoch from ``seed``; the position is checkpointed);
+2. run ``n`` rollouts per sample CONCURRENTLY (one asyncio task each; the generator batches
+   their calls), each followed by its reward ``reward_fn(sample, trajectory)`` -> ``score`` or
+   ``(score, extras)``, sync or async;
+3. group-normalised advantages (:func:`mia.rl.grpo.group_advantages`);
+4. old log-probs: recomputed by the policy (``old_logprobs: recompute``, also gives the entropy
+   and the rollout/trainer log-prob gap) or the generator's (``rollout``);
+5. ``ppo_epochs`` passes of ``PolicyGroup.train_step`` over mini-batches of ``mini_batch_size``
+   sequences;
+6. weight sync to the generator: ``update_weights(state_dict=...)`` in process, or an exported
+   Hugging Face folder + ``update_weights(path=...)`` (``weight_sync: folder``);
+7. metrics to the console, ``<run_dir>/metrics.jsonl`` and wandb (offline) when enabled;
+   a checkpoint every ``save_freq`` steps (and at the end) with the data position.
+
+``resume: true`` continues from the latest complete checkpoint under ``checkpoint_dir``.
+Role trainers (Executor, Planner, TTRL) are configurations of this class with their own episode
+and reward; TTRL-style loops call :meth:`Trainer.train_on` with their own samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import shutil
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mia.errors import MiaError
+from mia.llm.base import SamplingParams
+from mia.rl.episode import Episode, Rollout, SeededGenerator, collate, mix_seed
+from mia.rl.generators.base import GeneratorConfig
+from mia.rl.grpo import group_advantages
+from mia.rl.metrics import LoggingConfig, MetricsLogger
+from mia.rl.policy import Batch, PolicyConfig, concat_batches, slice_batch
+from mia.rl.workers import WorkersConfig
+
+log = logging.getLogger("mia.rl.trainer")
+
+RewardFn = Callable[[Mapping[str, Any], Any], Any]  # -> float | (float, dict) | awaitable
+OLD_LOGPROB_MODES = ("recompute", "rollout")
+SYNC_MODES = ("state_dict", "folder")
+ROLLOUT_ERROR_MODES = ("raise", "drop")
+
+
+def _default_sampling() -> dict[str, Any]:
+    return {"temperature": 1.0, "top_p": 1.0, "max_tokens": 512}
+
+
+@dataclass
+class TrainerConfig:
+    """Mirrors configs/rl/trainer.yaml."""
+
+    model_path: str = ""  # default for policy.model_path and generator.model_path
+    run_dir: str = ""  # "" = $MIA_HOME/runs/grpo-<time>
+    seed: int = 0
+    total_steps: int | None = None  # None = epochs x (len(dataset) // batch_size)
+    epochs: int = 1
+    batch_size: int = 8  # prompts per step
+    n: int = 8  # rollouts per prompt (the GRPO group)
+    mini_batch_size: int | None = None  # sequences per optimizer step; None = all of them
+    ppo_epochs: int = 1  # passes over the step's rollouts
+    shuffle: bool = True
+    norm_adv_by_std: bool = True
+    old_logprobs: str = "recompute"  # recompute | rollout
+    weight_sync: str = "state_dict"  # state_dict | folder
+    max_concurrent_rollouts: int | None = None  # None = every rollout of the step at once
+    rollout_errors: str = "raise"  # raise | drop (the failed rollout's whole group)
+    # No optimizer step when every group is tied (all advantages 0): Adam would still move
+    # the weights along its stale momentum (and weight decay), with no learning signal.
+    skip_tied_steps: bool = True
+    sampling: dict[str, Any] = field(default_factory=_default_sampling)
+    save_freq: int = 0  # checkpoint every K steps; 0 = only at the end; -1 = never
+    keep_last: int | None = None
+    checkpoint_dir: str | None = None  # None = <run_dir>/checkpoints
+    resume: bool | str = False  # true = latest under checkpoint_dir; or a step folder
+    val_every: int = 0  # validate every K steps (needs val_dataset); 0 = never
+    val_at_start: bool = False
+    val_n: int = 1  # rollouts per validation sample
+    val_sampling: dict[str, Any] = field(default_factory=dict)  # overrides of sampling
+    log_rollouts: int = 0  # rollouts per step written to <run_dir>/rollouts.jsonl
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | TrainerConfig) -> TrainerConfig:
+        if isinstance(data, cls):
+            return data.validate()
+        data = _plain(data)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise MiaError(f"unknown trainer option(s): {', '.join(unknown)}")
+        kwargs = dict(data)
+        kwargs["logging"] = LoggingConfig.from_dict(data.get("logging"))
+        kwargs["policy"] = PolicyConfig.from_dict(data.get("policy") or {})
+        workers = dict(data.get("workers") or {})
+        bad = sorted(set(workers) - {f.name for f in fields(WorkersConfig)})
+        if bad:
+            raise MiaError(f"unknown workers option(s): {', '.join(bad)}")
+        kwargs["workers"] = WorkersConfig(**workers)
+        kwargs["generator"] = GeneratorConfig.from_dict(data.get("generator") or {})
+        return cls(**kwargs).validate()
+
+    def validate(self) -> TrainerConfig:
+        if not self.policy.model_path:
+            self.policy.model_path = self.model_path
+        if not self.generator.model_path and self.generator.backend == "vllm":
+            self.generator.model_path = self.policy.model_path
+        if not self.policy.model_path:
+            raise MiaError("trainer: set model_path (a Hugging Face model folder)")
+        checks = [
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.n >= 1, "n must be >= 1"),
+            (self.epochs >= 1, "epochs must be >= 1"),
+            (self.total_steps is None or self.total_steps >= 0, "total_steps must be >= 0"),
+            (self.ppo_epochs >= 1, "ppo_epochs must be >= 1"),
+            (
+                self.mini_batch_size is None or self.mini_batch_size >= 1,
+                "mini_batch_size must be >= 1 or null",
+            ),
+            (self.old_logprobs in OLD_LOGPROB_MODES, f"old_logprobs: one of {OLD_LOGPROB_MODES}"),
+            (self.weight_sync in SYNC_MODES, f"weight_sync: one of {SYNC_MODES}"),
+            (
+                self.rollout_errors in ROLLOUT_ERROR_MODES,
+                f"rollout_errors: one of {ROLLOUT_ERROR_MODES}",
+            ),
+            (self.save_freq >= -1, "save_freq must be >= -1"),
+            (self.val_every >= 0 and self.val_n >= 1, "val_every >= 0 and val_n >= 1"),
+            (
+                self.max_concurrent_rollouts is None or self.max_concurrent_rollouts >= 1,
+                "max_concurrent_rollouts must be >= 1 or null",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise MiaError(f"trainer: {message}")
+        known = {f.name for f in fields(SamplingParams)}
+        for name, params in (("sampling", self.sampling), ("val_sampling", self.val_sampling)):
+            bad = sorted(set(params) - known)
+            if bad:
+                raise MiaError(f"trainer: unknown {name} key(s) {bad} (known: {sorted(known)})")
+        if self.old_logprobs == "rollout" and self.policy.loss.temperature != 1.0:
+            # Generators report log-probs of the raw distribution (before temperature).
+            raise MiaError(
+                "trainer: old_logprobs=rollout needs policy.loss.temperature=1.0 (generators "
+                "return raw log-probs); use old_logprobs=recompute"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _plain(data: Any) -> dict[str, Any]:
+    """A plain dict from a mapping or an OmegaConf node (interpolations resolved)."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(data, DictConfig):
+            return dict(OmegaConf.to_container(data, resolve=True))  # type: ignore[arg-type]
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra-core
+        pass
+    return dict(data)
+
+
+# ----------------------------------------------------------------------------- data position
+
+
+class DataCursor:
+    """Batches of dataset indices, reshuffled each epoch from (seed, epoch); drop-last.
+
+    Its state (epoch, cursor) is all a resumed run needs to continue with the next batch.
+    """
+
+    def __init__(
+        self, size: int, batch_size: int, shuffle: bool, seed: int, epoch: int = 0, cursor: int = 0
+    ) -> None:
+        if size < batch_size:
+            raise MiaError(f"the dataset has {size} samples, fewer than batch_size={batch_size}")
+        self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
+        self.epoch, self.cursor = epoch, cursor
+        self._order = self._make_order(epoch)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.batch_size
+
+    def _make_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.size)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+    def next(self) -> list[int]:
+        if self.cursor + self.batch_size > self.size:
+            self.epoch += 1
+            self.cursor = 0
+            self._order = self._make_order(self.epoch)
+        idx = self._order[self.cursor : self.cursor + self.batch_size].tolist()
+        self.cursor += self.batch_size
+        return [int(i) for i in idx]
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+@dataclass
+class RolloutResult:
+    sample: Mapping[str, Any]
+    group: str
+    index: int
+    trajectory: Any = None
+    reward: float = 0.0
+    extras: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _split_reward(value: Any) -> tuple[float, dict[str, Any]]:
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+        score, extras = value
+    else:
+        score, extras = value, {}
+    try:
+        score = float(score)
+    except (TypeError, ValueError):
+        raise MiaError(f"reward_fn must return a number or (number, dict), got {value!r}") from None
+    if not math.isfinite(score):
+        raise MiaError(f"reward_fn returned a non-finite reward {score}")
+    return score, dict(extras)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+class Trainer:
+    """``Trainer(cfg, episode, reward_fn, dataset).fit()``; also a context manager.
+
+    ``dataset``: any sequence of mappings (a list of dicts, a ``datasets.Dataset``).
+    ``generator``: a ready generator to use instead of building one from ``cfg.generator``
+    (the caller keeps ownership). The policy runs in Ray actors (``workers.mode=ray``; a local
+    cluster is started under the run folder unless Ray is already up) or in this process.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig | Mapping[str, Any],
+        episode: Episode,
+        reward_fn: RewardFn,
+        dataset: Sequence[Mapping[str, Any]],
+        *,
+        val_dataset: Sequence[Mapping[str, Any]] | None = None,
+        generator: Any = None,
+    ) -> None:
+        self.cfg = TrainerConfig.from_dict(cfg)
+        if not callable(getattr(episode, "run", None)):
+            raise MiaError("episode must have an async run(sample, rollout) method")
+        if not callable(reward_fn):
+            raise MiaError("reward_fn must be callable: reward_fn(sample, trajectory)")
+        self.episode = episode
+        self.reward_fn = reward_fn
+        self.dataset = dataset
+        self.val_dataset = val_dataset
+        self.run_dir = self._resolve_run_dir()
+        self.ckpt_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
+        self.step = 0
+        self.data = DataCursor(len(dataset), self.cfg.batch_size, self.cfg.shuffle, self.cfg.seed)
+        self.total_steps = (
+            self.cfg.total_steps
+            if self.cfg.total_steps is not None
+            else self.cfg.epochs * self.data.steps_per_epoch
+        )
+        self.history: list[dict[str, Any]] = []
+        self.policy: Any = None
+        self.generator: Any = generator
+        self._own_generator = generator is None
+        self._ray_ctx: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._logger: MetricsLogger | None = None
+        self._weights_dir: Path | None = None
+        self._ready = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def _resolve_run_dir(self) -> Path:
+        if self.cfg.run_dir:
+            path = Path(self.cfg.run_dir)
+        else:
+            from mia.paths import mia_home
+
+            path = mia_home() / "runs" / f"grpo-{time.strftime('%Y%m%d-%H%M%S')}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path.resolve()
+
+    def setup(self) -> Trainer:
+        """Start Ray (if needed), the policy workers and the generator; resume if asked."""
+        if self._ready:
+            return self
+        from mia.rl.workers import PolicyGroup
+
+        torch.manual_seed(self.cfg.seed)
+        self._loop = asyncio.new_event_loop()
+        try:
+            if self.cfg.workers.mode == "ray":
+                self._start_ray()
+            t0 = time.perf_counter()
+            self.policy = PolicyGroup.from_config(self.cfg.policy, self.cfg.workers)
+            log.info("policy ready in %.1f s", time.perf_counter() - t0)
+            if self.generator is None:
+                self.generator = self._build_generator()
+            self._ready = True
+            resumed = self._maybe_resume()
+            self._logger = MetricsLogger(
+                self.run_dir,
+                self.cfg.logging,
+                total_steps=self.total_steps,
+                start_step=self.step,
+                run_config=self.cfg.to_dict(),
+            )
+            if resumed:
+                self._logger.note(f"resumed from {resumed} at step {self.step}")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        from mia.rl.ray_utils import init_ray
+
+        self._ray_ctx = init_ray(self.run_dir, num_cpus=self.cfg.workers.ray_num_cpus)
+        self._ray_ctx.__enter__()
+
+    def _build_generator(self) -> Any:
+        from mia.rl.generators import make_generator
+
+        gcfg = GeneratorConfig.from_dict(self.cfg.generator.to_dict())
+        if not gcfg.model_path:
+            gcfg.model_path = self.cfg.policy.model_path
+        if not gcfg.run_dir:
+            gcfg.run_dir = str(self.run_dir / "generator")
+        t0 = time.perf_counter()
+        gen = make_generator(gcfg)
+        log.info("generator %s ready in %.1f s", gen.name, time.perf_counter() - t0)
+        return gen
+
+    def close(self) -> None:
+        """Release what this trainer started (the generator only if it built it)."""
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None
+        if self._loop is not None:
+            aclose = getattr(self.episode, "aclose", None)
+            if callable(aclose):
+                try:
+                    self._loop.run_until_complete(aclose())
+                except Exception:  # closing must not hide the error that got us here
+                    log.exception("episode.aclose failed")
+            self._loop.close()
+            self._loop = None
+        if self.generator is not None and self._own_generator:
+            self.generator.close()
+            self.generator = None
+        if self.policy is not None:
+            self.policy.shutdown()
+            self.policy = None
+        if self._ray_ctx is not None:
+            self._ray_ctx.__exit__(None, None, None)
+            self._ray_ctx = None
+        self._ready = False
+
+    def __enter__(self) -> Trainer:
+        return self.setup()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _maybe_resume(self) -> str | None:
+        want = self.cfg.resume
+        if want is False or want in ("", "false", "never", None):
+            return None
+        if want is True or want in ("true", "auto", "latest"):
+            from mia.rl.checkpoint import latest_checkpoint
+
+            path = latest_checkpoint(self.ckpt_dir)
+            if path is None:
+                log.info("resume: no checkpoint under %s, starting fresh", self.ckpt_dir)
+                return None
+        else:
+            path = Path(str(want))
+            if not path.exists():
+                raise MiaError(f"resume: checkpoint {path} not found")
+        info = self.policy.load_checkpoint(path)
+        state = info.get("data_state") or {}
+        self.step = int(state.get("trainer_step", info["step"]))
+        self.data = DataCursor(
+            len(self.dataset),
+            self.cfg.batch_size,
+            self.cfg.shuffle,
+            int(state.get("seed", self.cfg.seed)),
+            epoch=int(state.get("epoch", 0)),
+            cursor=int(state.get("cursor", 0)),
+        )
+        self.sync_weights()  # the generator still holds the starting weights
+        return str(info["path"])
+
+    def save_checkpoint(self) -> Path:
+        data_state = {**self.data.state(), "seed": self.data.seed, "trainer_step": self.step}
+        return self.policy.save_checkpoint(
+            self.ckpt_dir, step=self.step, data_state=data_state, keep_last=self.cfg.keep_last
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, stop: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+        """Train for ``total_steps`` (from the resumed step), or until ``stop(metrics)`` is
+        true after a step (e.g. a target reward); returns every step's metrics."""
+        own = not self._ready
+        self.setup()
+        try:
+            if self.cfg.val_at_start and self.val_dataset is not None and self.step == 0:
+                self._log_validation(self.evaluate())
+            while self.step < self.total_steps:
+                samples = [self.dataset[i] for i in self.data.next()]
+                metrics = self.train_on(samples)
+                if self._due(self.cfg.val_every) and self.val_dataset is not None:
+                    val = self.evaluate()
+                    metrics.update(val)
+                    self.history[-1].update(val)
+                assert self._logger is not None
+                self._logger.log(self.step, metrics)
+                if self.cfg.save_freq > 0 and self.step % self.cfg.save_freq == 0:
+                    self.save_checkpoint()
+                if stop is not None and stop(metrics):
+                    self._logger.note(f"stopping at step {self.step}: stop condition met")
+                    break
+            if self.cfg.save_freq >= 0 and self.step > 0:
+                from mia.rl.checkpoint import step_dir
+
+                if not (step_dir(self.ckpt_dir, self.step) / "COMPLETE").is_file():
+                    self.save_checkpoint()
+        finally:
+            if own:
+                self.close()
+        return self.history
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.step % every == 0
+
+    def _log_validation(self, metrics: dict[str, Any]) -> None:
+        if self._logger is not None:
+            text = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float))
+            self._logger.note(f"validation at step {self.step}: {text}")
+
+    def _run(self, coro: Awaitable[Any]) -> Any:
+        assert self._loop is not None, "call setup() first"
+        return self._loop.run_until_complete(coro)
+
+    def train_on(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One GRPO step on ``samples`` (n rollouts each); returns this step's metrics."""
+        self.setup()
+        cfg = self.cfg
+        t_step = time.perf_counter()
+        timing: dict[str, float] = {}
+        step = self.step + 1
+        sampling = SamplingParams(**cfg.sampling)
+
+        t0 = time.perf_counter()
+        results = self._run(self._rollouts(samples, cfg.n, sampling, step, "train"))
+        timing["rollout"] = time.perf_counter() - t0
+        results, n_dropped = self._drop_failed_groups(results)
+
+        rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
+        groups = [r.group for r in results]
+        adv = group_advantages(rewards, group_ids=groups, norm_by_std=cfg.norm_adv_by_std)
+        pad_id = _pad_id(self.generator)
+        batch = collate([r.trajectory for r in results], pad_id)
+        batch["advantages"] = adv
+        rollout_lps = batch.pop("rollout_logprobs", None)
+        mask = batch["response_mask"].float()
+
+        metrics: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if cfg.old_logprobs == "recompute":
+            old, ent = self.policy.compute_logprobs(batch, return_entropy=True)
+            batch["old_logprobs"] = old * mask
+            metrics["actor/entropy"] = _masked_mean(ent, mask)
+            if rollout_lps is not None:
+                # The gap between generator and trainer log-probs of the same tokens: ~0 when
+                # weight sync works (numerics aside), large when the generator is stale.
+                gap = (rollout_lps - batch["old_logprobs"]).abs()
+                metrics["rollout/logprob_diff_mean"] = _masked_mean(gap, mask)
+                metrics["rollout/logprob_diff_max"] = float((gap * mask).max())
+        else:
+            if rollout_lps is None:
+                raise MiaError(
+                    "old_logprobs=rollout but some trajectories have no rollout log-probs"
+                )
+            batch["old_logprobs"] = rollout_lps
+        timing["old_logprobs"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        update = self._update(batch) if self._has_signal(adv) else []
+        timing["update"] = time.perf_counter() - t0
+
+        self.step = step
+        t0 = time.perf_counter()
+        if update:  # unchanged weights need no sync
+            self.sync_weights()
+        timing["sync"] = time.perf_counter() - t0
+
+        timing["step"] = time.perf_counter() - t_step
+        metrics.update(self._step_metrics(results, batch, update, timing, n_dropped))
+        self._dump_rollouts(results)
+        self.history.append({"step": self.step, **metrics})
+        return metrics
+
+    def _has_signal(self, adv: torch.Tensor) -> bool:
+        """False when the step would only replay optimizer momentum: every advantage is zero
+        (all groups tied) and no KL or entropy term gives a gradient of its own."""
+        loss = self.cfg.policy.loss
+        if not self.cfg.skip_tied_steps or loss.kl_coef > 0 or loss.entropy_coef != 0:
+            return True
+        return bool(adv.abs().max() > 0)
+
+    def _update(self, batch: Batch) -> list[dict[str, float]]:
+        n = int(batch["input_ids"].shape[0])
+        mbs = self.cfg.mini_batch_size or n
+        ws = self.policy.world_size
+        out = []
+        for _ in range(self.cfg.ppo_epochs):
+            for start in range(0, n, mbs):
+                mb = _pad_rows(slice_batch(batch, start, min(start + mbs, n)), ws)
+                out.append(self.policy.train_step(mb))
+        return out
+
+    def sync_weights(self) -> None:
+        """Push the policy's current weights into the generator."""
+        if self.cfg.weight_sync == "state_dict":
+            self.generator.update_weights(state_dict=self.policy.state_dict_for_export())
+            return
+        target = self.run_dir / "weights" / f"step_{self.step:06d}"
+        if target.exists():
+            shutil.rmtree(target)
+        folder = self.policy.export_hf(target)
+        self.generator.update_weights(path=str(folder))
+        if self._weights_dir is not None and self._weights_dir != folder:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._weights_dir = folder
+
+    async def _rollouts(
+        self,
+        samples: Sequence[Mapping[str, Any]],
+        n: int,
+        sampling: SamplingParams,
+        step: int,
+        phase: str,
+    ) -> list[RolloutResult]:
+        limit = self.cfg.max_concurrent_rollouts
+        sem = asyncio.Semaphore(limit) if limit else None
+
+        async def one(i: int, j: int) -> RolloutResult:
+            sample = samples[i]
+            group = f"{phase}-{step}-{i}"
+            seed = mix_seed(self.cfg.seed, phase, step, i, j)
+            rollout = Rollout(
+                generator=SeededGenerator(self.generator, seed),
+                sampling=sampling,
+                step=step,
+                group=group,
+                index=j,
+                seed=seed,
+            )
+            res = RolloutResult(sample=sample, group=group, index=j)
+            t0 = time.perf_counter()
+            try:
+                if sem is not None:
+                    async with sem:
+                        res.trajectory = await self.episode.run(sample, rollout)
+                else:
+                    res.trajectory = await self.episode.run(sample, rollout)
+                score = await _maybe_await(self.reward_fn(sample, res.trajectory))
+                res.reward, res.extras = _split_reward(score)
+            except MiaError as err:
+                if self.cfg.rollout_errors == "raise":
+                    raise
+                res.error = str(err)
+            except Exception as err:
+                if self.cfg.rollout_errors == "raise":
+                    raise
+                res.error = "".join(traceback.format_exception_only(err)).strip()
+            res.seconds = time.perf_counter() - t0
+            return res
+
+        tasks = [one(i, j) for i in range(len(samples)) for j in range(n)]
+        return list(await asyncio.gather(*tasks))
+
+    def _drop_failed_groups(self, results: list[RolloutResult]) -> tuple[list[RolloutResult], int]:
+        failed = {r.group for r in results if r.error is not None}
+        if not failed:
+            return results, 0
+        for r in results:
+            if r.error is not None:
+                log.warning("rollout %s/%d failed: %s", r.group, r.index, r.error)
+        kept = [r for r in results if r.group not in failed]
+        if not kept:
+            raise MiaError(f"every rollout group failed at step {self.step + 1}")
+        return kept, len(results) - len(kept)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(
+        self,
+        dataset: Sequence[Mapping[str, Any]] | None = None,
+        n: int | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Mean reward (and numeric extras) of ``n`` rollouts per sample, without training."""
+        self.setup()
+        data = dataset if dataset is not None else self.val_dataset
+        if not data:
+            raise MiaError("evaluate: no dataset (pass one or give the trainer val_dataset)")
+        params = {**self.cfg.sampling, **self.cfg.val_sampling, **dict(sampling or {})}
+        samples = [data[i] for i in range(len(data))]
+        results = self._run(
+            self._rollouts(samples, n or self.cfg.val_n, SamplingParams(**params), self.step, "val")
+        )
+        ok = [r for r in results if r.error is None]
+        if not ok:
+            raise MiaError("evaluate: every rollout failed")
+        out = {"val/reward_mean": _mean([r.reward for r in ok]), "val/n": float(len(ok))}
+        for key, values in _numeric_extras(ok).items():
+            out[f"val/{key}"] = _mean(values)
+        return out
+
+    # ------------------------------------------------------------------ metrics
+    def _step_metrics(
+        self,
+        results: list[RolloutResult],
+        batch: Batch,
+        updates: list[dict[str, float]],
+        timing: dict[str, float],
+        n_dropped: int,
+    ) -> dict[str, Any]:
+        rewards = np.array([r.reward for r in results], dtype=np.float64)
+        mask = batch["response_mask"]
+        attn = batch["attention_mask"]
+        policy_tokens = mask.sum(-1).double()
+        n_resp = [len(r.trajectory.response_ids) for r in results]
+        n_prompt = [len(r.trajectory.prompt_ids) for r in results]
+        total_tokens = float(attn.sum())
+        solved = {}
+        for r in results:
+            solved[r.group] = max(solved.get(r.group, 0.0), r.reward)
+        m: dict[str, Any] = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()),
+            "reward/max": float(rewards.max()),
+            "reward/min": float(rewards.min()),
+            "reward/groups_all_equal": _frac_equal_groups(results),
+            "advantage/abs_mean": float(batch["advantages"].abs().mean()),
+            "response/policy_tokens_mean": float(policy_tokens.mean()),
+            "response/policy_tokens_max": float(policy_tokens.max()),
+            "response/length_mean": _mean(n_resp),
+            "response/length_max": float(max(n_resp)),
+            "prompt/length_mean": _mean(n_prompt),
+            "rollout/n": float(len(results)),
+            "rollout/dropped": float(n_dropped),
+        }
+        for key, values in _numeric_extras(results).items():
+            m[f"reward/{key}"] = _mean(values)
+        agg = {k: _mean([u[k] for u in updates if k in u]) for k in updates[0]} if updates else {}
+        names = {
+            "loss": "actor/loss",
+            "pg_loss": "actor/pg_loss",
+            "kl_loss": "actor/kl_ref",
+            "clipfrac": "actor/pg_clipfrac",
+            "clipfrac_dual": "actor/pg_clipfrac_dual",
+            "approx_kl": "actor/approx_kl",
+            "ratio_mean": "actor/ratio_mean",
+            "grad_norm": "actor/grad_norm",
+        }
+        for src, dst in names.items():
+            if src in agg:
+                m[dst] = agg[src]
+        if "entropy" in agg and "actor/entropy" not in m:
+            m["actor/entropy"] = agg["entropy"]
+        m["actor/updates"] = float(len(updates))
+        if updates:
+            m["actor/lr"] = updates[-1]["lr"]
+            m["actor/skipped"] = float(sum(u.get("skipped", 0.0) for u in updates))
+        for key, seconds in timing.items():
+            m[f"time/{key}"] = seconds
+        m["perf/tokens_per_s"] = total_tokens / max(timing["step"], 1e-9)
+        m["perf/gen_tokens_per_s"] = float(policy_tokens.sum()) / max(timing["rollout"], 1e-9)
+        m["perf/total_tokens"] = total_tokens
+        return m
+
+    def _dump_rollouts(self, results: list[RolloutResult]) -> None:
+        k = self.cfg.log_rollouts
+        if k <= 0:
+            return
+        import json
+
+        with (self.run_dir / "rollouts.jsonl").open("a", encoding="utf-8") as f:
+            for r in results[:k]:
+                traj = r.trajectory
+                body = traj.to_dict(tokens=False) if hasattr(traj, "to_dict") else repr(traj)
+                record = {
+                    "step": self.step,
+                    "group": r.group,
+                    "index": r.index,
+                    "reward": r.reward,
+                    "extras": r.extras,
+                    "trajectory": body,
+                }
+                f.write(json.dumps(record, default=str) + "\n")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _pad_id(generator: Any) -> int:
+    tok = getattr(generator, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tok, "eos_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _pad_rows(batch: Batch, multiple: int) -> Batch:
+    """Pad a batch to a multiple of the world size with copies of its last row whose response
+    mask and advantage are zero: they add nothing to the loss or the token count."""
+    n = int(batch["input_ids"].shape[0])
+    extra = (-n) % multiple
+    if not extra:
+        return batch
+    filler = slice_batch(batch, n - 1, n)
+    filler["response_mask"] = torch.zeros_like(filler["response_mask"])
+    filler["advantages"] = torch.zeros_like(filler["advantages"])
+    return concat_batches([batch] + [filler] * extra)
+
+
+def _numeric_extras(results: Sequence[RolloutResult]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in results:
+        for key, value in r.extras.items():
+            if isinstance(value, bool | int | float) and math.isfinite(float(value)):
+                out.setdefault(key, []).append(float(value))
+    return out
+
+
+def _frac_equal_groups(results: Sequence[RolloutResult]) -> float:
+    """Share of groups whose rewards are all equal (they get zero advantage: no signal)."""
+    by_group: dict[str, list[float]] = {}
+    for r in results:
+        by_group.setdefault(r.group, []).append(r.reward)
+    flat = [max(v) - min(v) < 1e-9 for v in by_group.values()]
+    return float(sum(flat) / len(flat)) if flat else 0.0

@@ -1,0 +1,4 @@
+from planner_train.train import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""A synthetic multi-turn tool task for trainer tests and benchmarks.
+
+Each sample asks for the secret of a key (a digit). The model must call the ``lookup`` tool
+(a :class:`mia.agent.Tool` registered as ``toy_lookup``) with that key and copy the word it
+returns into ``<answer>``::
+
+    user:      What is the secret of key 4?
+    assistant: <tool_call>{"name": "lookup", "arguments": {"key": "4"}}</tool_call>
+    user:      <tool_response>river</tool_response>
+    assistant: <answer>river</answer>
+
+Secrets are drawn per sample (the same key has different secrets in different samples), so the
+answer cannot be memorised: it has to come from the tool. Every secret is one token of the tiny
+tokenizer in all three places it appears (tool response, answer, none in the prompt), which
+keeps copying learnable by a 2-layer model.
+
+:func:`gold_transcripts` runs the real agent loop with a scripted engine that replies with the
+gold turns, so warm-up data has exactly the token layout of a real rollout; ``noise`` replaces
+that share of the gold answers by a random secret, which sets the warm-started policy's success
+rate (at temperature 1) to about ``(1 - noise) + noise / len(SECRETS)`` however long it trains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from mia.agent import ExecutorLoop, Tool, ToolArgumentError, ToolContext, ToolOutput
+from mia.agent import register_tool as _register_tool
+from mia.agent.tools import TOOL_TYPES
+from mia.llm.base import ChatResult, SamplingParams
+from mia.rl.episode import AgentEpisode, Rollout, collate
+
+SECRETS = ["river", "book", "year", "capital", "picture", "height", "title", "judge"]
+KEYS = [str(d) for d in range(10)]
+SYSTEM = "Use the lookup tool."
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def make_samples(n: int, seed: int = 0, prefix: str = "s") -> list[dict[str, Any]]:
+    """``n`` questions; every block of ``len(SECRETS)`` consecutive samples uses each secret
+    once (in a shuffled order), so an unshuffled batch of 8 is balanced: a policy gradient step
+    on it cannot just favour whichever words happened to be rewarded in that batch."""
+    rng = random.Random(seed)
+    out = []
+    block: list[str] = []
+    for i in range(n):
+        if not block:
+            block = rng.sample(SECRETS, len(SECRETS))
+        key, secret = rng.choice(KEYS), block.pop()
+        out.append(
+            {
+                "question": f"What is the secret of key {key}?",
+                "key": key,
+                "secret": secret,
+                "data_id": f"{prefix}{i}",
+            }
+        )
+    return out
+
+
+def secret_table(samples: list[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """data_id -> [key, secret]: what the lookup tool knows."""
+    return {str(s["data_id"]): [str(s["key"]), str(s["secret"])] for s in samples}
+
+
+class LookupTool(Tool):
+    """``lookup()`` -> the secret stored for the current question (found by ``data_id``),
+    written ``repeat`` times, one per line."""
+
+    name = "lookup"
+    description = "Look up the secret of the key in the question."
+    parameters = {"type": "object", "properties": {}}
+
+    def __init__(self, table: Mapping[str, Any], repeat: int = 8) -> None:
+        self.table = {str(k): (str(v[0]), str(v[1])) for k, v in table.items()}
+        self.repeat = repeat
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        if args:
+            raise ToolArgumentError(f"lookup takes no arguments, got {sorted(args)}")
+        entry = self.table.get(str(ctx.data_id))
+        if entry is None:
+            raise ToolArgumentError(f"no secret for question {ctx.data_id!r}")
+        return ToolOutput("\n".join([entry[1]] * self.repeat))
+
+
+if "toy_lookup" not in TOOL_TYPES:
+    _register_tool("toy_lookup")(LookupTool)
+
+
+class ToyLoop(ExecutorLoop):
+    """The Executor loop with a short prompt (the full research prompt is ~500 tokens)."""
+
+    def build_messages(self, task: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+        return [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": task.question},
+        ], []
+
+
+AGENT_CFG = {
+    "max_turns": 3,
+    "max_tool_calls": 2,
+    "max_replans": 0,
+    "context_budget": 256,
+    "answer_reserve_tokens": 16,
+    "tools": {},
+}
+
+
+def make_episode(samples: list[Mapping[str, Any]]) -> AgentEpisode:
+    """An AgentEpisode whose lookup tool (built through the registry) knows ``samples``."""
+    tools = {"lookup": {"type": "toy_lookup", "params": {"table": secret_table(samples)}}}
+    return AgentEpisode(tools, AGENT_CFG, loop_cls=ToyLoop)
+
+
+def reward(sample: Mapping[str, Any], traj: Any) -> tuple[float, dict[str, float]]:
+    """1 when the final ``<answer>`` is the secret; extras: a valid lookup call, an answer."""
+    found = _ANSWER.findall(traj.final_text or "")
+    answer = found[-1].strip() if found else None
+    tool_ok = any(c.ok for c in traj.tool_calls)
+    correct = answer == sample["secret"]
+    return float(correct), {"tool_ok": float(tool_ok), "answered": float(answer is not None)}
+
+
+def call_text() -> str:
+    body = json.dumps({"name": "lookup", "arguments": {}})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def answer_text(word: str) -> str:
+    return f"<answer>{word}</answer>"
+
+
+class ScriptedTokens:
+    """A token engine that replies with fixed texts, in order, tokenised like a real model's
+    output: a tool call stops at ``</tool_call>`` (no eos), a final turn ends with eos."""
+
+    def __init__(self, tokenizer: Any, replies: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.replies = list(replies)
+        self.eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        self.max_context = None
+
+    async def generate_ids(self, prompt_ids: list[int], params: SamplingParams) -> ChatResult:
+        text = self.replies.pop(0)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if "<tool_call>" not in text:
+            ids.append(self.eos)
+        return ChatResult(
+            text=text, token_ids=ids, logprobs=[0.0] * len(ids), completion_tokens=len(ids)
+        )
+
+
+def gold_transcripts(
+    tokenizer: Any, samples: list[Mapping[str, Any]], noise: float = 0.0, seed: int = 0
+) -> list[Any]:
+    """Trajectories of the gold behaviour, produced by the real loop (exact token layout)."""
+    rng = random.Random(seed)
+    episode = make_episode(samples)
+
+    async def one(sample: Mapping[str, Any]) -> Any:
+        word = sample["secret"] if rng.random() >= noise else rng.choice(SECRETS)
+        engine = ScriptedTokens(tokenizer, [call_text(), answer_text(word)])
+        return await episode.run(sample, Rollout(generator=engine, sampling=SamplingParams()))
+
+    async def all_of_them() -> list[Any]:
+        return [await one(s) for s in samples]
+
+    return asyncio.run(all_of_them())
+
+
+def sft_batch(tokenizer: Any, trajectories: list[Any]) -> dict[str, Any]:
+    """A policy batch (response_mask = the assistant's tokens) for ``PolicyModel.sft_step``."""
+    return collate(trajectories, int(tokenizer.pad_token_id))

@@ -1,0 +1,4 @@
+from ttrl.run import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The TTRL memory hooks (REFERENCE §3.2, §8): one batch's rollouts into memory_serve.
+
+``/memory_bank_save`` (buffer every rollout with its judgement) -> ``/batch_evaluate`` (one
+rollout per question under each selection rule, JSONL files) -> ``/consolidate_memories`` (the
+best correct and one incorrect rollout per question become memories, plus a plan pair) ->
+``/save_memory`` (a copy of the store in the run folder). Phases are journaled
+(:mod:`ttrl.journal`) so a resumed run never repeats a write.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mia.errors import MiaError
+from mia.services import MemoryClient
+from mia.trace import content_text
+from ttrl.journal import Journal
+
+log = logging.getLogger("ttrl")
+
+
+def plain_messages(messages: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Executor messages with images replaced by ``<image>`` (memories are text)."""
+    out = []
+    for m in messages:
+        item = {"role": m.get("role", "user"), "content": content_text(m.get("content"))}
+        out.append(item)
+    return out
+
+
+def bank_item(sample: Mapping[str, Any], rollout: Any, extras: Mapping[str, Any], mode: str,
+              batch: int, reward: float) -> dict[str, Any]:  # fmt: skip
+    """One ``/memory_bank_save`` item for a finished rollout."""
+    judgement = extras.get("judgement") or "incorrect"
+    item: dict[str, Any] = {
+        "data_id": str(sample.get("data_id") or ""),
+        "question": rollout.question,
+        "image_caption": sample.get("image_caption") or "",
+        "plan": rollout.plan,
+        "messages": plain_messages(rollout.executor_history()),
+        "used_memory_ids": list(rollout.memory_ids or []),
+        "extra": {
+            "batch": batch,
+            "reward": reward,
+            "replanned": rollout.replanned,
+            "answer": rollout.final_answer,
+        },
+    }
+    if mode == "nogt":
+        item["judgement_nogt"] = judgement
+        panel = extras.get("panel")
+        if isinstance(panel, Mapping) and panel:
+            item["judgement_data"] = {k: v for k, v in panel.items() if k != "critics"}
+    else:
+        item["judgement"] = judgement
+    return item
+
+
+def check_empty_buffer(client: MemoryClient) -> None:
+    n = int(client.stats_sync().get("buffered_rollouts", 0))
+    if n:
+        raise MiaError(
+            f"memory_serve already buffers {n} rollouts that are not from this run; consolidate "
+            "(/consolidate_memories) or clear them before starting TTRL"
+        )
+
+
+def commit_batch(
+    client: MemoryClient,
+    journal: Journal,
+    batch: int,
+    payload: Mapping[str, Any],
+    *,
+    eval_dir: str | None,
+    save_path: str | None,
+    crash: Callable[[str], None] = lambda _point: None,
+) -> dict[str, Any]:
+    """Run the memory hooks for ``batch`` from where its journal says they stopped."""
+    done = journal.phase_data(batch)
+    out: dict[str, Any] = {}
+    for phase in ("evaluated", "consolidated"):
+        if isinstance(done.get(phase), Mapping):
+            out.update(done[phase])
+
+    def buffered() -> int:
+        return int(client.stats_sync().get("buffered_rollouts", 0))
+
+    if "bank_saved" not in done:
+        # A kill during the request leaves "bank_saving" alone: the buffer says if it landed.
+        if "bank_saving" not in done or buffered() == 0:
+            journal.mark(batch, "bank_saving")
+            if payload["bank"]:
+                client.bank_save_sync(payload["bank"])
+        journal.mark(batch, "bank_saved")
+        crash("after_bank_save")
+    if "evaluated" not in done:
+        info: dict[str, Any] = {}
+        if eval_dir is not None:
+            ev = client.batch_evaluate_sync(eval_dir, step=batch)
+            info["selected_accuracy"] = ev.get("accuracy", {})
+        out.update(info)
+        journal.mark(batch, "evaluated", info)
+    if "consolidated" not in done:
+        if "consolidating" not in done or buffered() > 0:
+            journal.mark(batch, "consolidating")
+            res = client.consolidate_sync()
+            info = {
+                k: res.get(k) for k in ("saved_positives", "saved_negatives", "saved_plan_pairs")
+            }
+        else:  # consolidated before the kill; its counts are lost with the answer
+            info = {}
+        out.update(info)
+        journal.mark(batch, "consolidated", info)
+        crash("after_consolidate")
+    if "saved" not in done:
+        if save_path is not None:
+            client.save_memory_sync(save_path)
+        journal.mark(batch, "saved")
+    return out

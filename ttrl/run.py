@@ -1,0 +1,451 @@
+"""Test-time RL: one pass over a test set that updates the memory and the Planner together.
+
+Per batch of questions (REFERENCE §8, TTRL):
+
+1. memories for every question (memory_serve ``/memory``);
+2. n planner rollouts per question: plan -> the Executor (serve) -> reflect -> optional replan
+   (:class:`planner_train.episode.PlannerEpisode`);
+3. judging: the ground truth (``mode=supervised``), or without it the review panel / majority
+   vote (``mode=nogt``, :mod:`ttrl.rewards`);
+4. a GRPO step on the Planner (the engine's, :class:`ttrl.trainer.RoleTrainer`);
+5. memory: ``/memory_bank_save`` -> ``/batch_evaluate`` -> ``/consolidate_memories`` ->
+   ``/save_memory`` (:mod:`ttrl.memory`), journaled (:mod:`ttrl.journal`);
+6. the batch's accuracy row (``accuracy.jsonl`` + ``accuracy.png``).
+
+The Planner update (4) is checkpointed before the memory writes (5) of its batch: the two are
+independent within a batch, and this order lets a killed run resume without writing anything
+twice (a batch whose update was lost is rolled out again, with the same seeds; a batch whose
+memory writes began is finished from its journal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executor_train.common import (
+    build_judge,
+    compose_role,
+    resolve_model,
+    role_main,
+    trainer_section,
+)
+from executor_train.data import load_samples
+from mia.errors import MiaError
+from mia.rewards.grading import grade
+from planner_train.reward import PlannerReward
+from planner_train.train import clients
+from ttrl import curve
+from ttrl.journal import Journal
+from ttrl.memory import bank_item, check_empty_buffer, commit_batch
+from ttrl.rewards import MODES, NOGT_METHODS, PanelReward, VoteGroupReward, pending_vote
+from ttrl.trainer import RoleTrainer
+
+log = logging.getLogger("ttrl")
+
+CRASH_POINTS = ("after_update", "after_checkpoint", "after_bank_save", "after_consolidate")
+
+
+class SimulatedCrash(BaseException):
+    """``debug.crash_at`` with ``debug.crash_mode=raise`` (tests): not an Exception, so no
+    handler on the way out mistakes it for a recoverable error."""
+
+
+@dataclass
+class TTRLResult:
+    run_dir: Path
+    rows: list[dict[str, Any]]
+    accuracy_path: Path
+    curve_path: Path | None
+    memory_dir: Path | None
+    checkpoint_dir: Path
+    batches: int
+    started_at_batch: int = 0  # > 0: this process resumed a killed run
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(sum(values) / len(values)) if values else None
+
+
+def _fingerprint(samples: Sequence[Mapping[str, Any]], batch_size: int, n: int) -> str:
+    ids = json.dumps([str(s.get("data_id")) for s in samples])
+    return hashlib.sha256(f"{ids}|{batch_size}|{n}".encode()).hexdigest()[:16]
+
+
+class TTRLRun:
+    """``TTRLRun(cfg).run() -> TTRLResult`` for a composed ``configs/ttrl`` config.
+
+    ``generator`` / ``judge`` / ``panel`` replace what the config would build (tests, demos).
+    """
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any],
+        *,
+        generator: Any = None,
+        judge: Any = None,
+        panel: Any = None,
+    ) -> None:
+        self.cfg = dict(cfg)
+        self.mode = str(self.cfg.get("mode", "supervised"))
+        if self.mode not in MODES:
+            raise MiaError(f"mode must be one of {MODES}, got {self.mode!r}")
+        self.method = str((self.cfg.get("nogt") or {}).get("method", "panel"))
+        if self.mode == "nogt" and self.method not in NOGT_METHODS:
+            raise MiaError(f"nogt.method must be one of {NOGT_METHODS}, got {self.method!r}")
+        data = dict(self.cfg.get("data") or {})
+        if not data.get("test"):
+            raise MiaError("set data.test=FILE (reference parquet, JSON or JSONL test set)")
+        self.samples = load_samples(
+            data["test"], require_answer=self.mode == "supervised", limit=data.get("limit")
+        )
+        services = dict(self.cfg.get("services") or {})
+        if not services.get("memory_url"):
+            raise MiaError("set services.memory_url (memory_serve): TTRL writes its memories there")
+        self.executor, self.memory = clients(services)
+        assert self.memory is not None
+        self.run_dir = Path(self.cfg.get("run_dir") or self._default_run_dir()).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.run_dir / "ttrl_state")
+        mem = dict(self.cfg.get("memory") or {})
+        self.eval_dir = str(self.run_dir / "eval") if mem.get("evaluate", True) else None
+        self.memory_dir = self.run_dir / "memory" if mem.get("save", True) else None
+        self.accuracy_path = self.run_dir / "accuracy.jsonl"
+        self.curve_path = self.run_dir / "accuracy.png" if self.cfg.get("plot", True) else None
+        debug = dict(self.cfg.get("debug") or {})
+        self.crash_at = debug.get("crash_at")
+        self.crash_mode = str(debug.get("crash_mode", "kill"))
+        self.judge = judge
+        self.panel = panel
+        self.generator = generator
+
+    @staticmethod
+    def _default_run_dir() -> Path:
+        from mia.paths import mia_home
+
+        return mia_home() / "runs" / f"ttrl-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    # ------------------------------------------------------------------ pieces
+    def _crash(self, point: str, batch: int) -> None:
+        if self.crash_at and str(self.crash_at) == f"{batch}:{point}":
+            log.warning("debug.crash_at=%s: crashing now", self.crash_at)
+            if self.crash_mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise SimulatedCrash(str(self.crash_at))
+
+    def _rewards(self) -> tuple[Any, Any]:
+        cfg = self.cfg
+        if self.judge is None:
+            self.judge = build_judge(cfg.get("judge"), cfg.get("llm", "embedded"))
+        if self.mode == "supervised":
+            return PlannerReward(self.judge, cfg.get("reward")), None
+        if self.method == "vote":
+            return pending_vote, VoteGroupReward(cfg.get("nogt_reward"))
+        if self.panel is None:
+            panel_cfg = dict(cfg.get("panel") or {"type": "panel"})
+            if panel_cfg.get("type") != "panel":
+                raise MiaError("nogt.method=panel needs a panel judge config (panel.type=panel)")
+            self.panel = build_judge(panel_cfg, cfg.get("llm", "embedded"))
+        return PanelReward(self.panel, cfg.get("nogt_reward")), None
+
+    def _trainer(self) -> RoleTrainer:
+        from planner_train.episode import PlannerEpisode
+
+        cfg = self.cfg
+        model = resolve_model(str(cfg.get("model_path", "")))
+        section = trainer_section(cfg, model, str(self.run_dir))
+        section["run_dir"] = str(self.run_dir)
+        bs = max(1, min(int(section.get("batch_size", 4)), len(self.samples)))
+        section["batch_size"] = bs
+        self.batch_size = bs
+        self.n_batches = -(-len(self.samples) // bs)
+        section["total_steps"] = self.n_batches
+        section["shuffle"] = False
+        section["resume"] = bool(cfg.get("resume", True))
+        self.save_every = int(section.get("save_freq") or 1)
+        episode = PlannerEpisode(
+            self.executor,
+            self.memory,
+            cfg.get("episode"),
+            chat_template_kwargs=cfg.get("chat_template_kwargs") or None,
+        )
+        reward_fn, group_reward = self._rewards()
+        return RoleTrainer(
+            section,
+            episode,
+            reward_fn,
+            self.samples,
+            generator=self.generator,
+            group_reward=group_reward,
+        )
+
+    def _with_memories(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        assert self.memory is not None
+        top_k = (self.cfg.get("episode") or {}).get("memory_top_k")
+        queries = [
+            self.memory.query(
+                s["question"],
+                image_caption=s.get("image_caption") or None,
+                data_id=s.get("data_id"),
+                top_k=top_k,
+            )
+            for s in batch
+        ]
+        found = self.memory.memories_sync(queries)
+        out = []
+        for s, m in zip(batch, found, strict=True):
+            ids = [int(i) for i in m.get("positive_ids", []) + m.get("negative_ids", [])]
+            out.append({**s, "memory_context": m.get("context", ""), "memory_ids": ids})
+        return out
+
+    def _report_accuracy(self, trainer: RoleTrainer, ok: list[Any]) -> list[float]:
+        """Per rollout: the ground-truth verdict on its final answer (reporting only)."""
+        if self.mode == "supervised":
+            return [float(r.extras.get("acc_final", 0.0)) for r in ok]
+        labelled = [r for r in ok if r.sample.get("golds")]
+        if len(labelled) < len(ok) or not ok:
+            return []
+
+        async def grade_all() -> list[float]:
+            import asyncio
+
+            graded = await asyncio.gather(
+                *(
+                    grade(
+                        self.judge,
+                        r.trajectory.question,
+                        r.trajectory.final_answer,
+                        list(r.sample["golds"]),
+                    )  # fmt: skip
+                    for r in labelled
+                )
+            )
+            return [g.acc for g in graded]
+
+        return trainer.run_async(grade_all())
+
+    def _row(
+        self,
+        trainer: RoleTrainer,
+        batch: int,
+        samples: list[dict[str, Any]],
+        results: list[Any],
+        seconds: float,
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        ok = [r for r in results if r.error is None and r.trajectory is not None]
+        acc = self._report_accuracy(trainer, ok)
+        judged = [1.0 if r.extras.get("judgement") == "correct" else 0.0 for r in ok]
+        row: dict[str, Any] = {
+            "batch": batch,
+            "step": trainer.step,
+            "questions": len(samples),
+            "rollouts": len(ok),
+            "failed_rollouts": len(results) - len(ok),
+            "accuracy": _mean(acc),
+            "accuracy_first": _mean(
+                [float(r.extras["acc_first"]) for r in ok if "acc_first" in r.extras]
+            )
+            if self.mode == "supervised"
+            else None,
+            "self_accuracy": _mean(judged) if self.mode == "nogt" else None,
+            "reward_mean": _mean([r.reward for r in ok]),
+            "replan_rate": _mean([float(r.trajectory.asked_replan) for r in ok]),
+            "seconds": round(seconds, 3),
+        }
+        bank = [bank_item(r.sample, r.trajectory, r.extras, self.mode, batch, r.reward) for r in ok]
+        return row, bank
+
+    def _commit(self, trainer: RoleTrainer, batch: int, payload: dict[str, Any]) -> dict[str, Any]:
+        assert self.memory is not None
+        info = commit_batch(
+            self.memory,
+            self.journal,
+            batch,
+            payload,
+            eval_dir=self.eval_dir,
+            save_path=str(self.memory_dir) if self.memory_dir is not None else None,
+            crash=lambda point: self._crash(point, batch),
+        )
+        row = {**payload["row"], **info}
+        row["memories"] = int(self.memory.stats_sync().get("memories", 0))
+        rows = curve.write_row(self.accuracy_path, row)
+        if self.curve_path is not None:
+            curve.plot(rows, self.curve_path, title=f"TTRL ({self.mode})")
+        self.journal.finish(batch)
+        acc = row.get("accuracy")
+        trainer.note(
+            f"batch {batch + 1}/{self.n_batches}: accuracy "
+            f"{'n/a' if acc is None else f'{acc:.3f}'} | reward {row['reward_mean'] or 0:.3f} "
+            f"| memories {row['memories']}"
+        )
+        return row
+
+    def _checkpoint_batch(self, trainer: RoleTrainer, path: Path) -> int:
+        state = json.loads((path / "trainer_state.json").read_text())
+        return int((state.get("data_state") or {}).get("ttrl_batch", 0))
+
+    # ------------------------------------------------------------------ the pass
+    def run(self) -> TTRLResult:
+        from mia.rl.checkpoint import latest_checkpoint
+
+        trainer = self._trainer()
+        metrics: list[dict[str, Any]] = []
+        try:
+            with trainer:
+                fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n)
+                state = self.journal.load()
+                if state and state.get("fingerprint") != fp:
+                    raise MiaError(
+                        f"{self.run_dir} holds a TTRL run over other data or batch settings; "
+                        "use another run_dir"
+                    )
+                if state and not trainer.cfg.resume:
+                    raise MiaError(
+                        f"{self.run_dir} holds a TTRL run; resume=true continues it, or use "
+                        "another run_dir"
+                    )
+                ckpt = latest_checkpoint(trainer.ckpt_dir) if trainer.cfg.resume else None
+                ckpt_batch = self._checkpoint_batch(trainer, ckpt) if ckpt is not None else 0
+                nb = self.journal.next_batch
+                started = nb
+                if not state:
+                    check_empty_buffer(self.memory)  # type: ignore[arg-type]
+                    self.journal.save(fingerprint=fp, next_batch=0, batches=self.n_batches)
+                pending = self.journal.pending(nb)
+                if pending is not None:
+                    if self.journal.phases(nb) or ckpt_batch > nb:
+                        trainer.note(f"resuming: finishing the memory writes of batch {nb + 1}")
+                        self._commit(trainer, nb, pending)
+                        nb += 1
+                    else:  # its update was lost: roll it out again (same seeds)
+                        self.journal.drop(nb)
+                if ckpt_batch > nb:
+                    raise MiaError(
+                        f"checkpoint of batch {ckpt_batch} is ahead of the journal (batch {nb}): "
+                        f"{self.journal.root} was removed or belongs to another run"
+                    )
+                if ckpt_batch < nb:
+                    trainer.note(
+                        f"resuming at batch {nb + 1}: Planner weights from batch {ckpt_batch} (the "
+                        f"updates of batches {ckpt_batch + 1}..{nb} were not checkpointed; their "
+                        "memories are kept)"
+                    )
+                elif nb:
+                    trainer.note(f"resuming at batch {nb + 1}/{self.n_batches}")
+                for b in range(nb, self.n_batches):
+                    t0 = time.perf_counter()
+                    lo = b * self.batch_size
+                    batch = self._with_memories(self.samples[lo : lo + self.batch_size])
+                    results = trainer.collect(batch, phase=f"b{b}")
+                    step_metrics = trainer.learn(results)
+                    row, bank = self._row(trainer, b, batch, results, time.perf_counter() - t0)
+                    self.journal.write_pending(b, {"row": row, "bank": bank})
+                    self._crash("after_update", b)
+                    last = b == self.n_batches - 1
+                    if self.save_every > 0 and ((b + 1) % self.save_every == 0 or last):
+                        trainer.save_state({"ttrl_batch": b + 1})
+                        self._crash("after_checkpoint", b)
+                    full = self._commit(trainer, b, self.journal.pending(b) or {})
+                    ttrl_metrics = {
+                        f"ttrl/{k}": v
+                        for k, v in full.items()
+                        if isinstance(v, int | float) and not isinstance(v, bool)
+                    }
+                    merged = {**step_metrics, **ttrl_metrics}
+                    trainer.log_metrics(merged)
+                    metrics.append({"step": trainer.step, **merged})
+        finally:
+            # The sync pools of the orchestration calls (the async ones close with the trainer).
+            self.memory.close()  # type: ignore[union-attr]
+            self.executor.close()
+        rows = curve.read_rows(self.accuracy_path)
+        return TTRLResult(
+            run_dir=self.run_dir,
+            rows=rows,
+            accuracy_path=self.accuracy_path,
+            curve_path=self.curve_path,
+            memory_dir=self.memory_dir,
+            checkpoint_dir=trainer.ckpt_dir,
+            batches=self.n_batches,
+            started_at_batch=started,
+            metrics=metrics,
+        )
+
+
+def run_ttrl(cfg: Mapping[str, Any], **kwargs: Any) -> TTRLResult:
+    return TTRLRun(cfg, **kwargs).run()
+
+
+def run_ttrl_pass(
+    data: str | Path,
+    *,
+    executor_url: str,
+    memory_url: str,
+    run_dir: str | Path,
+    model_path: str = "embedded",
+    mode: str = "supervised",
+    nogt_method: str = "panel",
+    batch_size: int = 2,
+    n: int = 2,
+    max_batches: int | None = None,
+    overrides: Sequence[str] = (),
+    generator: Any = None,
+    judge: Any = None,
+    panel: Any = None,
+) -> TTRLResult:
+    """One TTRL pass for ``mia demo --ttrl`` (and scripts): ``configs/ttrl/default.yaml`` with
+    these settings, the Planner trained in this process (no Ray). ``overrides`` are further
+    ``key=value`` config overrides; ``generator`` / ``judge`` / ``panel`` replace what the config
+    would build. Print the curve with ``ttrl.curve.format_curve(result.rows)``."""
+    limit = None if max_batches is None else int(max_batches) * int(batch_size)
+    cfg = compose_role(
+        "ttrl",
+        "default",
+        [
+            f"mode={mode}",
+            f"nogt.method={nogt_method}",
+            f"model_path={model_path}",
+            f"data.test={data}",
+            f"data.limit={'null' if limit is None else limit}",
+            f"run_dir={run_dir}",
+            f"services.executor_url={executor_url}",
+            f"services.memory_url={memory_url}",
+            f"trainer.batch_size={batch_size}",
+            f"trainer.n={n}",
+            "trainer.workers.mode=single_process",
+            *overrides,
+        ],
+    )
+    return run_ttrl(cfg, generator=generator, judge=judge, panel=panel)
+
+
+def _run_cli(cfg: dict[str, Any]) -> None:
+    result = run_ttrl(cfg)
+    print(curve.format_curve(result.rows), flush=True)
+    print(
+        f"ttrl: {result.batches} batches; accuracy {result.accuracy_path}"
+        + (f", curve {result.curve_path}" if result.curve_path else "")
+        + (f", memory {result.memory_dir}" if result.memory_dir else "")
+        + f", checkpoints {result.checkpoint_dir}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    role_main(
+        "python -m ttrl",
+        "Test-time RL: one pass over a test set updating memory and Planner "
+        "(mode=supervised|nogt; configs/ttrl/).",
+        "ttrl",
+        _run_cli,
+        argv,
+    )
