@@ -1,6 +1,6 @@
 """GRPO benchmark: our engine vs TRL's GRPOTrainer, and agent-loop rollouts vs raw generate.
 
-    python bench/grpo_bench.py                    # 2 warm-up + 6 timed steps each, B=8, n=8
+    python bench/grpo_bench.py                    # 2 warm-up + 8 timed steps each, B=8, n=8
     python bench/grpo_bench.py --steps 3 --skip-trl
     python bench/grpo_bench.py --markdown         # the tables as Markdown (docs/benchmarks.md)
 
@@ -15,8 +15,8 @@ completion text, so both sides do the same work per step.
 - **TRL**: ``trl.GRPOTrainer`` (generation by ``model.generate``), ``beta=0`` (no reference
   model), ``loss_type=dapo`` (token-mean, like ours), one optimizer step per generation batch.
 
-Step time = wall time of a whole step (generation + scoring + update + weight sync), mean over
-the timed steps; tokens/s = (prompt + completion tokens of the step's sequences) / step time.
+Step time = wall time of a whole step (generation + scoring + update + weight sync), median of
+the timed steps; tokens/s = (prompt + completion tokens of a step's sequences) / step time.
 
 Rollout overhead: the same B x n prompts, same seeds, same stop strings, generated (a) by raw
 concurrent ``generate`` calls on the transformers generator and (b) through the agent loop
@@ -112,13 +112,16 @@ def run_ours(model_dir: Path, args: argparse.Namespace, old_logprobs: str) -> di
     trainer = Trainer(cfg, ChatTurn(tok), lambda s, t: text_reward_value(t.final_text), data)
     history = trainer.fit()
     timed = history[args.warmup :]
-    step = statistics.mean(h["time/step"] for h in timed)
+    step = statistics.median(h["time/step"] for h in timed)
     tokens = statistics.mean(h["perf/total_tokens"] for h in timed)
     return {
         "step_s": step,
         "tokens_per_s": tokens / step,
         "completion_len": statistics.mean(h["response/length_mean"] for h in timed),
         "rollout_s": statistics.mean(h["time/rollout"] for h in timed),
+        "old_logprobs_s": statistics.mean(h["time/old_logprobs"] for h in timed),
+        "update_s": statistics.mean(h["time/update"] for h in timed),
+        "sync_s": statistics.mean(h["time/sync"] for h in timed),
     }
 
 
@@ -191,9 +194,10 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         processing_class=tok,
         callbacks=[Timer()],
     )
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no log dicts
     trainer.train()
     timed = times[args.warmup :]
-    step = statistics.mean(timed)
+    step = statistics.median(timed)
     # TRL logs the cumulative token count (prompt + completion) as num_tokens.
     counts = [entry["num_tokens"] for entry in logs if "num_tokens" in entry]
     per_step = [b - a for a, b in zip([0.0] + counts[:-1], counts, strict=True)][args.warmup :]
@@ -229,14 +233,15 @@ def run_rollouts(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     qs = prompts(rows)
     params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens)
     tok = gen.tokenizer
-    prompt_ids = []
-    for q in qs:
-        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        prompt_ids.append(tok.encode(text, add_special_tokens=False))
 
     async def raw(r: int) -> tuple[float, int]:
+        # What any batched pipeline does: render + tokenise the prompts, generate, decode.
         t0 = time.perf_counter()
+        prompt_ids = []
+        for q in qs:
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            prompt_ids.append(tok.encode(text, add_special_tokens=False))
         outs = await asyncio.gather(
             *(
                 gen.generate(
@@ -245,7 +250,7 @@ def run_rollouts(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
                         temperature=1.0,
                         max_tokens=args.max_tokens,
                         stop=stops,
-                        seed=mix_seed(r, i, 0),
+                        seed=mix_seed(mix_seed(r, i), 0),  # the seed the loop's call gets
                     ),
                 )
                 for i, ids in enumerate(prompt_ids)
@@ -303,9 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=8, help="prompts per step")
     ap.add_argument("--n", type=int, default=8, help="completions per prompt")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=6, help="timed steps")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5, help="rollout comparison runs")
+    ap.add_argument("--repeats", type=int, default=15, help="rollout comparison runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--markdown", action="store_true")

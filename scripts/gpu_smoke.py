@@ -61,7 +61,6 @@ QWEN25VL_7B_VISION = {
     "temporal_patch_size": 2,
     "window_size": 112,
     "fullatt_block_indexes": [7, 15, 23, 31],
-    "in_chans": 3,
 }
 
 
@@ -249,7 +248,7 @@ def _fsdp_step(rank: int, world: int, port: int, tiny: bool, device: str) -> dic
     vc = cfg.vision_config
     grid = torch.tensor([[1, 2, 2]], device=dev)
     dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(1 + rank)  # each rank its own data, as data parallel
     pixels = torch.randn(4, dim, generator=g).to(dev)
     text = torch.randint(100, 1000, (1, 48), generator=g)
     ids = torch.cat(
@@ -286,7 +285,7 @@ def _fsdp_step(rank: int, world: int, port: int, tiny: bool, device: str) -> dic
         )
     lp = token_logprobs(out.logits[:, :-1], ids[:, 1:])
     lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1) * mask
-    adv = torch.tensor([1.0 if rank == 0 else -1.0], device=dev)
+    adv = torch.tensor([1.0], device=dev)
     loss, _ = policy_loss(lp, lp.detach(), adv, mask)
     loss.backward()
     norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
@@ -297,13 +296,13 @@ def _fsdp_step(rank: int, world: int, port: int, tiny: bool, device: str) -> dic
     step_s = time.perf_counter() - t1
     params = sum(p.numel() for p in model.parameters())  # global sizes (DTensor)
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
-    # The loss differs per rank (different advantage); the gradient norm is global.
+    # The loss differs per rank (different data); the gradient norm is global.
     norms = torch.tensor([float(norm)], device=dev, dtype=torch.float64)
     gathered = [torch.zeros_like(norms) for _ in range(world)]
     torch.distributed.all_gather(gathered, norms)
     D.destroy_process_group()
     return {
-        "loss": float(loss),
+        "loss": float(loss.detach()),
         "grad_norm": float(norm),
         "grad_norms_equal": float(len({round(float(x), 6) for x in gathered}) == 1),
         "params_b": params / 1e9,
@@ -353,12 +352,15 @@ def check_fsdp(tiny: bool, device: str, timeout_s: float) -> tuple[str, str]:
         return "FAIL", f"only {len(results)} of {world} ranks finished in {timeout_s:.0f} s"
     m = results[0]
     ok = all(
-        math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) and r["grad_norms_equal"]
+        math.isfinite(r["loss"])
+        and math.isfinite(r["grad_norm"])
+        and r["grad_norm"] > 0
+        and r["grad_norms_equal"]
         for r in results.values()
     )
     size = "tiny Qwen2.5-VL" if tiny else "Qwen2.5-VL-7B-sized"
     detail = (
-        f"{size} ({m['params_b']:.2f} B params) on 2 {device} ranks: build {m['build_s']:.1f} s, "
+        f"{size} ({m['params_b'] * 1e3:,.1f} M params) on 2 {device} ranks: build {m['build_s']:.1f} s, "
         f"step {m['step_s']:.2f} s, grad norm {m['grad_norm']:.3g}, peak {m['peak_gib']:.1f} GiB"
     )
     return ("PASS" if ok else "FAIL"), detail

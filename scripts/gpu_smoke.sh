@@ -3,7 +3,8 @@
 #   vllm  the vLLM generator (tiny Qwen2, float32): greedy rollouts match transformers before and
 #         after a weight update through update_weights(state_dict=...) (the trainer's sync path)
 #   fsdp  a 2-process NCCL FSDP2 GRPO step on a randomly initialised Qwen2.5-VL-7B-sized model
-#         (built from its config on the meta device; needs 2 GPUs, ~45 GB each; SKIP otherwise)
+#         (built from its config on the meta device; needs 2 GPUs with ~70 GB free each: fp32
+#         master weights, gradients and AdamW state sharded over the two; SKIP otherwise)
 # Nothing is downloaded. Exit status 1 if a check failed.
 #
 # Usage: bash scripts/gpu_smoke.sh                     # both checks

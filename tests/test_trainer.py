@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 import torch
-from toy_tool_task import gold_transcripts, make_episode, make_samples, sft_batch
+from toy_tool_task import (
+    ScriptedTokens,
+    answer_text,
+    call_text,
+    gold_transcripts,
+    make_episode,
+    make_samples,
+    sft_batch,
+)
 
 from mia.errors import MiaError
 from mia.llm.base import ChatResult, SamplingParams
@@ -287,6 +295,31 @@ def test_seeded_generator_gives_each_call_its_own_seed() -> None:
     assert mix_seed(1, 0) == mix_seed(1, 0) < 2**63
 
 
+def test_agent_episode_routes_each_concurrent_rollout_to_its_own_engine(tok) -> None:
+    samples = make_samples(3, seed=4)
+    episode = make_episode(samples)
+    words = ["river", "book", "year"]
+
+    def engine(word: str) -> ScriptedTokens:
+        return ScriptedTokens(tok, [call_text(), answer_text(word)])
+
+    async def go() -> list:
+        # Through run(), and through make_loop() + loop.run() as subclasses do.
+        runs = [
+            episode.run(samples[0], Rollout(generator=engine(words[0]), sampling=SamplingParams())),
+            episode.make_loop(engine(words[1]), SamplingParams()).run(samples[1]),
+            episode.run(samples[2], Rollout(generator=engine(words[2]), sampling=SamplingParams())),
+        ]
+        return list(await asyncio.gather(*runs))
+
+    trajs = asyncio.run(go())
+    assert [t.answer for t in trajs] == words
+    # The tool answered each rollout for its own question (8 lines of its secret).
+    for t, s in zip(trajs, samples, strict=True):
+        assert t.tool_calls[0].ok and t.messages[-2]["content"].count(s["secret"]) == 8
+    assert len(episode._loops) <= 8  # one cached loop per engine, bounded
+
+
 class T:
     def __init__(self, prompt, resp, mask, lps) -> None:
         self.prompt_ids, self.response_ids = prompt, resp
@@ -392,3 +425,27 @@ def test_cli_composes_the_config_and_fails_cleanly(model_dir) -> None:
     )
     assert bad.returncode == 2
     assert bad.stderr.strip() == "mia.rl: error: set episode=MODULE:ATTR"
+
+
+@pytest.mark.slow  # ~15-20 s: two spawned ranks importing torch/transformers
+def test_gpu_smoke_script_runs_its_fsdp_check_on_cpu() -> None:
+    """scripts/gpu_smoke.py's FSDP2 check (meta-device build, fully_shard, GRPO step), tiny and
+    on gloo: the same code the GPU run uses with NCCL and a 7B-sized config."""
+    out = subprocess.run(
+        [sys.executable, "scripts/gpu_smoke.py", "--tiny", "--device", "cpu", "--checks", "fsdp"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    lines = [x for x in out.stdout.splitlines() if x.startswith(("PASS", "FAIL", "SKIP"))]
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(lines) == 1 and lines[0].startswith("PASS fsdp: tiny Qwen2.5-VL"), lines
+    bad = subprocess.run(
+        [sys.executable, "scripts/gpu_smoke.py", "--checks", "nccl"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "unknown checks ['nccl']" in bad.stderr

@@ -1,23 +1,23 @@
 """A synthetic multi-turn tool task for trainer tests and benchmarks.
 
-Each sample asks for the secret of a key (a digit). The model must call the ``lookup`` tool
-(a :class:`mia.agent.Tool` registered as ``toy_lookup``) with that key and copy the word it
-returns into ``<answer>``::
+Each sample asks for the secret of a key. The model must call the ``lookup`` tool (a
+:class:`mia.agent.Tool` registered as ``toy_lookup``; it knows the current question by its
+``data_id``) and copy the word it returns into ``<answer>``::
 
     user:      What is the secret of key 4?
-    assistant: <tool_call>{"name": "lookup", "arguments": {"key": "4"}}</tool_call>
-    user:      <tool_response>river</tool_response>
+    assistant: <tool_call>{"name": "lookup", "arguments": {}}</tool_call>
+    user:      <tool_response>river\nriver\n...</tool_response>
     assistant: <answer>river</answer>
 
 Secrets are drawn per sample (the same key has different secrets in different samples), so the
-answer cannot be memorised: it has to come from the tool. Every secret is one token of the tiny
-tokenizer in all three places it appears (tool response, answer, none in the prompt), which
-keeps copying learnable by a 2-layer model.
+answer cannot be memorised: it has to come from the tool; a guess is right 1 time in 8. Every
+secret is one token of the tiny tokenizer wherever it appears, and the tool writes it 8 times:
+both make copying learnable by a 2-layer model in tens of supervised steps rather than
+hundreds. The tool takes no argument: copying the key too was not learned in hundreds of steps.
 
 :func:`gold_transcripts` runs the real agent loop with a scripted engine that replies with the
-gold turns, so warm-up data has exactly the token layout of a real rollout; ``noise`` replaces
-that share of the gold answers by a random secret, which sets the warm-started policy's success
-rate (at temperature 1) to about ``(1 - noise) + noise / len(SECRETS)`` however long it trains.
+gold turns (or, with ``guess``, answers at once with a random secret), so warm-up data has
+exactly the token layout of a real rollout.
 """
 
 from __future__ import annotations
@@ -158,15 +158,20 @@ class ScriptedTokens:
 
 
 def gold_transcripts(
-    tokenizer: Any, samples: list[Mapping[str, Any]], noise: float = 0.0, seed: int = 0
+    tokenizer: Any, samples: list[Mapping[str, Any]], guess: bool = False, seed: int = 0
 ) -> list[Any]:
-    """Trajectories of the gold behaviour, produced by the real loop (exact token layout)."""
+    """Transcripts produced by the real loop (exact token layout): the gold behaviour (call
+    lookup, copy its word), or with ``guess`` the shortcut (answer at once with a random
+    secret, no tool call)."""
     rng = random.Random(seed)
     episode = make_episode(samples)
 
     async def one(sample: Mapping[str, Any]) -> Any:
-        word = sample["secret"] if rng.random() >= noise else rng.choice(SECRETS)
-        engine = ScriptedTokens(tokenizer, [call_text(), answer_text(word)])
+        if guess:
+            replies = [answer_text(rng.choice(SECRETS))]
+        else:
+            replies = [call_text(), answer_text(sample["secret"])]
+        engine = ScriptedTokens(tokenizer, replies)
         return await episode.run(sample, Rollout(generator=engine, sampling=SamplingParams()))
 
     async def all_of_them() -> list[Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,8 +130,10 @@ def _corpus() -> list[str]:
 
 
 @functools.cache
-def _tokenizer_json() -> str:
-    """Train the BPE once per process (~0.2 s) and return its serialised form."""
+def _tokenizer_json(extra: tuple[str, ...] = (), vocab_size: int = VOCAB_TARGET) -> str:
+    """Train the BPE once per process and arguments (~0.2 s) and return its serialised form.
+    ``extra``: more training text (e.g. a synthetic world's passages and prompts, so tests on
+    that text get short sequences)."""
     from tokenizers import (
         AddedToken,
         Regex,
@@ -154,29 +157,34 @@ def _tokenizer_json() -> str:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET,
+        vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus() + list(extra), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     return tok.to_str()
 
 
 def build_tokenizer(
-    out_dir: Path | None = None, padding_side: str = "left"
+    out_dir: Path | None = None,
+    padding_side: str = "left",
+    *,
+    extra_corpus: Sequence[str] = (),
+    vocab_size: int = VOCAB_TARGET,
 ) -> PreTrainedTokenizerFast:
     """A fresh Qwen-like tokenizer (deterministic); saved to ``out_dir`` when given.
 
     ``padding_side`` goes to the constructor: in transformers 5 setting it afterwards is not saved.
+    ``extra_corpus`` / ``vocab_size``: train on more text with a larger vocabulary.
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(tuple(extra_corpus), vocab_size)),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=SPECIAL_TOKENS[3:],

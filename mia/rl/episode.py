@@ -22,7 +22,9 @@ Executor, Planner and TTRL trainers supply their own episodes or configure this 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -95,6 +97,61 @@ class Episode(Protocol):
 # ----------------------------------------------------------------------------- agent adapter
 
 
+# The generator view of the rollout running in the current asyncio task: one TokenPolicy (and
+# loop) per generator serves every rollout, each task still sampling with its own seeds.
+_ROLLOUT_GENERATOR: contextvars.ContextVar[Any] = contextvars.ContextVar("mia_rollout_generator")
+_MAX_CACHED_LOOPS = 8
+
+
+class _TaskEngine:
+    """An engine for :class:`mia.agent.TokenPolicy` that forwards each call to the current
+    task's rollout generator (its seeded view); everything else is the shared generator's."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    async def generate_ids(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        multimodal: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        gen = _ROLLOUT_GENERATOR.get(self.base)
+        call = getattr(gen, "generate_ids", None) or gen.generate
+        if multimodal is None:
+            return await call(prompt_ids, params)
+        return await call(prompt_ids, params, multimodal=multimodal)
+
+    generate = generate_ids
+
+
+class _BoundLoop:
+    """A shared loop seen through one rollout: each coroutine method (``run``,
+    ``continue_with_plan``...) runs with the rollout's generator as the current one; other
+    attributes (``cfg``, ``policy``, ``tools``) are the loop's."""
+
+    def __init__(self, loop: Any, generator: Any) -> None:
+        self._loop = loop
+        self._generator = generator
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._loop, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def bound(*args: Any, **kwargs: Any) -> Any:
+            token = _ROLLOUT_GENERATOR.set(self._generator)
+            try:
+                return await attr(*args, **kwargs)
+            finally:
+                _ROLLOUT_GENERATOR.reset(token)
+
+        return bound
+
+
 class AgentEpisode:
     """One :class:`mia.agent.ExecutorLoop` run in token mode per rollout.
 
@@ -104,6 +161,10 @@ class AgentEpisode:
     needs ``question`` and may carry ``plan``, ``data_id``). ``loop_cls`` lets a task change the
     prompt or the loop (a subclass of ExecutorLoop). The trainer's sampling parameters are the
     policy defaults; ``cfg.sampling`` overrides them.
+
+    The loop and its TokenPolicy hold no per-rollout state, so one of each per generator and
+    sampling setting serves all rollouts (building a TokenPolicy renders the chat template
+    several times: per rollout that was a measurable share of a batched turn).
     """
 
     def __init__(
@@ -130,14 +191,27 @@ class AgentEpisode:
         self.loop_cls = loop_cls or ExecutorLoop
         self.task_fn = task_fn
         self.chat_template_kwargs = chat_template_kwargs
+        self._loops: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     def make_loop(self, generator: Any, sampling: SamplingParams) -> Any:
+        """The loop for one rollout: the cached shared loop, bound to ``generator`` (the
+        rollout's seeded view) -- its ``run``/``continue_with_plan`` sample from it."""
         from mia.agent import TokenPolicy
 
-        policy = TokenPolicy(
-            generator, defaults=sampling, chat_template_kwargs=self.chat_template_kwargs
-        )
-        return self.loop_cls(policy, self.tools, self.cfg)
+        base = generator.inner if isinstance(generator, SeededGenerator) else generator
+        key = (id(base), repr(sampling))
+        cached = self._loops.get(key)
+        if cached is None or cached[0] is not base:
+            policy = TokenPolicy(
+                _TaskEngine(base),
+                defaults=sampling,
+                chat_template_kwargs=self.chat_template_kwargs,
+            )
+            cached = (base, self.loop_cls(policy, self.tools, self.cfg))
+            self._loops[key] = cached
+            while len(self._loops) > _MAX_CACHED_LOOPS:  # e.g. one scripted engine per sample
+                self._loops.pop(next(iter(self._loops)))
+        return _BoundLoop(cached[1], generator)
 
     async def run(self, sample: Mapping[str, Any], rollout: Rollout) -> Any:
         loop = self.make_loop(rollout.generator, rollout.sampling)

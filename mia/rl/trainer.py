@@ -370,7 +370,8 @@ class Trainer:
         return gen
 
     def close(self) -> None:
-        """Release what this trainer started (the generator only if it built it)."""
+        """Release what this trainer started: the policy workers, Ray (if it started it), the
+        generator (if it built it), and the episode's resources (``episode.aclose()``)."""
         if self._logger is not None:
             self._logger.close()
             self._logger = None
@@ -482,7 +483,8 @@ class Trainer:
         return self._loop.run_until_complete(coro)
 
     def train_on(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """One GRPO step on ``samples`` (n rollouts each); returns this step's metrics."""
+        """One GRPO step on ``samples`` (n rollouts each); returns its metrics (recorded in
+        ``history``; :meth:`fit` also logs them, callers of this method log their own)."""
         self.setup()
         cfg = self.cfg
         t_step = time.perf_counter()
