@@ -42,7 +42,9 @@ class Compressor:
         result = await self.llm.chat(self.messages(trace), self.params())
         summary = text_after_think(result.text)
         if not summary:
-            raise LLMError(f"{self.llm.name}: empty workflow summary")
+            if self.cfg.on_empty != "trace":
+                raise LLMError(f"{self.llm.name}: empty workflow summary")
+            summary = trace
         if self.cfg.truncate_summary_words is not None:
             summary = truncate_words(summary, self.cfg.truncate_summary_words)
         return summary

@@ -78,6 +78,9 @@ class CompressConfig:
     max_tokens: int | None = None
     temperature: float | None = None
     concurrency: int = 8  # summaries in flight at once for a batch
+    # An empty summary (a small model that only "thinks"): "error" fails the write (HTTP 502),
+    # "trace" stores the formatted trace instead, as identity mode would.
+    on_empty: str = "error"
 
 
 @dataclass
@@ -155,6 +158,7 @@ class MemoryServeConfig:
                 "llm.enabled=false needs compress.mode=identity and classifier.enabled=false",
             ),
             (self.compress.concurrency >= 1, "compress.concurrency must be >= 1"),
+            (self.compress.on_empty in ("error", "trace"), "compress.on_empty must be error|trace"),
             (self.ttrl.concurrency >= 1, "ttrl.concurrency must be >= 1"),
             (
                 self.planner.replan_train_variant in ("image", "text", "auto"),

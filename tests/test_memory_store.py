@@ -531,3 +531,20 @@ def test_config_yaml_mirrors_dataclass_and_overrides() -> None:
         load_config("no-such-config")
     with pytest.raises(MiaError, match="llm.enabled=false"):
         load_config(None, ["llm.enabled=false"])
+
+
+def test_empty_summary_fails_or_falls_back_to_the_trace() -> None:
+    import asyncio
+
+    from memory_serve.compress import Compressor
+    from memory_serve.config import CompressConfig
+    from mia.llm.base import LLMError
+    from mia.llm.scripted import ScriptedChat
+
+    trace = "Question: q\nStep 1: search(x) -> y"
+    only_thinking = "<think>I could summarise this.</think>"
+    strict = Compressor(CompressConfig(), ScriptedChat([only_thinking]))
+    with pytest.raises(LLMError, match="empty workflow summary"):
+        asyncio.run(strict.summarise(trace))
+    lenient = Compressor(CompressConfig(on_empty="trace"), ScriptedChat([only_thinking]))
+    assert asyncio.run(lenient.summarise(trace)) == trace

@@ -233,6 +233,41 @@ def test_generic_episode_folder_sync_and_dropped_groups(model_dir, tok, tmp_path
         trainer.train_on(data)
 
 
+def test_collect_then_learn_is_the_step(model_dir, tok, tmp_path) -> None:
+    """collect() + learn() on a fresh trainer equals train_on() with the same seed, exactly:
+    same rollouts, rewards, loss and update; learn() logs its row, train_on() leaves it to the
+    caller."""
+    data = [{"question": "the answer is"}, {"question": "a tool call"}]
+    exact = ("reward/mean", "reward/std", "actor/loss", "actor/pg_loss", "actor/grad_norm")
+    exact += ("actor/entropy", "actor/approx_kl", "rollout/n", "response/length_mean")
+    runs = {}
+    for name in ("step", "split"):
+        cfg = base_cfg(model_dir, tmp_path / name, shuffle=False, save_freq=-1, log_rollouts=0)
+        with Trainer(cfg, OneTurn(tok), text_reward, data) as trainer:
+            if name == "step":
+                metrics = trainer.train_on(data)
+            else:
+                results = trainer.collect(data, tag="train")
+                assert [r.group for r in results] == ["train-1-0"] * 4 + ["train-1-1"] * 4
+                assert trainer.step == 0 and trainer.generator.weight_version == 0
+                metrics = trainer.learn(results)
+            assert trainer.step == 1 and trainer.generator.weight_version == 1
+            runs[name] = (metrics, [r.trajectory.final_text for r in trainer.collect(data, n=2)])
+    step, split = runs["step"][0], runs["split"][0]
+    assert {k: step[k] for k in exact} == {k: split[k] for k in exact}
+    assert step["actor/grad_norm"] > 0
+    # Same updated weights: the next collection samples the same texts.
+    assert runs["step"][1] == runs["split"][1]
+    assert read_metrics(tmp_path / "step" / "metrics.jsonl") == []
+    logged = read_metrics(tmp_path / "split" / "metrics.jsonl")
+    assert [r["step"] for r in logged] == [1] and logged[0]["actor/loss"] == split["actor/loss"]
+    unset = Trainer(base_cfg(model_dir, tmp_path / "e"), OneTurn(tok), text_reward, data)
+    with pytest.raises(MiaError, match="no rollout results"):
+        unset.learn([])
+    with pytest.raises(MiaError, match=r"unknown sampling key\(s\) \['temp'\]"):
+        unset.collect(data, sampling={"temp": 1.0})
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     from mia.rl.ray_utils import init_ray

@@ -76,6 +76,30 @@ def _mean(values: Sequence[float]) -> float | None:
     return float(sum(values) / len(values)) if values else None
 
 
+def executor_usage(trajectories: Sequence[Any]) -> dict[str, float | None]:
+    """Per rollout, the Executor's work (its first run plus the run after a replan): tool
+    calls, assistant turns and tokens, as serve reported them."""
+    calls, turns, tokens = [], [], []
+    for t in trajectories:
+        runs = [run for run in (t.first, t.final) if run]
+        calls.append(float(sum(len(run.get("tool_calls") or []) for run in runs)))
+        turns.append(float(sum(int(run.get("turns") or 0) for run in runs)))
+        tokens.append(
+            float(
+                sum(
+                    int((run.get("usage") or {}).get("prompt_tokens") or 0)
+                    + int((run.get("usage") or {}).get("completion_tokens") or 0)
+                    for run in runs
+                )
+            )
+        )
+    return {
+        "tool_calls_per_rollout": _mean(calls),
+        "turns_per_rollout": _mean(turns),
+        "executor_tokens_per_rollout": _mean(tokens),
+    }
+
+
 def _fingerprint(samples: Sequence[Mapping[str, Any]], batch_size: int, n: int) -> str:
     ids = json.dumps([str(s.get("data_id")) for s in samples])
     return hashlib.sha256(f"{ids}|{batch_size}|{n}".encode()).hexdigest()[:16]
@@ -259,6 +283,7 @@ class TTRLRun:
             "self_accuracy": _mean(judged) if self.mode == "nogt" else None,
             "reward_mean": _mean([r.reward for r in ok]),
             "replan_rate": _mean([float(r.trajectory.asked_replan) for r in ok]),
+            **executor_usage([r.trajectory for r in ok]),
             "seconds": round(seconds, 3),
         }
         bank = [bank_item(r.sample, r.trajectory, r.extras, self.mode, batch, r.reward) for r in ok]
@@ -345,8 +370,9 @@ class TTRLRun:
                     t0 = time.perf_counter()
                     lo = b * self.batch_size
                     batch = self._with_memories(self.samples[lo : lo + self.batch_size])
-                    results = trainer.collect(batch, phase=f"b{b}")
-                    step_metrics = trainer.learn(results)
+                    results = trainer.collect(batch, tag=f"b{b}")
+                    # Unlogged: its row is logged below with the ttrl/* keys of the batch.
+                    step_metrics = trainer.learn(results, log=False)
                     row, bank = self._row(trainer, b, batch, results, time.perf_counter() - t0)
                     self.journal.write_pending(b, {"row": row, "bank": bank})
                     self._crash("after_update", b)

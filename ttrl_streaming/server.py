@@ -323,7 +323,7 @@ class StreamingServer:
                 self.buffer.add(self._client_rollouts(req.rollouts, tag))
             if req.samples:
                 samples = [s.to_sample() for s in req.samples]
-                results = self.trainer.collect(samples, phase=tag)
+                results = self.trainer.collect(samples, tag=tag)
                 self.samples_seen += len(samples)
                 failed = {r.group for r in results if r.error is not None}
                 errors = sorted({r.error for r in results if r.error})[:5]
@@ -368,8 +368,7 @@ class StreamingServer:
         return out
 
     def _learn(self, batch: list[RolloutResult]) -> dict[str, Any]:
-        metrics = self.trainer.learn(batch)
-        self.trainer.log_metrics(metrics)
+        metrics = self.trainer.learn(batch)  # logged by the trainer
         clean = {
             k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)
         }

@@ -285,7 +285,9 @@ class StackOptions:
     index: Path  # local_search index folder
     llm_config: Path  # from write_llm_config: executor, manager and planner roles
     work_dir: Path  # logs, port files, generated service configs
-    memory_dbs: dict[str, Path]  # compress mode ("llm" / "identity") -> SQLite file
+    # name -> SQLite file, one memory_serve each; "identity" = compress mode identity (no LLM),
+    # any other name (e.g. "llm", "ttrl") = compression by the manager LLM
+    memory_dbs: dict[str, Path]
     image_cache: list[str] = field(default_factory=list)
     threads: int | None = None
     agent: dict[str, Any] = field(default_factory=dict)  # serve's agent section overrides
@@ -297,7 +299,7 @@ class StackOptions:
 class StackURLs:
     search: str
     serve: str
-    memory: dict[str, str]  # compress mode -> URL
+    memory: dict[str, str]  # memory_dbs name -> URL
 
 
 def start_stack(group: ServiceGroup, opts: StackOptions) -> StackURLs:
@@ -346,22 +348,23 @@ def start_stack(group: ServiceGroup, opts: StackOptions) -> StackURLs:
             env=env,
         )
     ]
-    for mode, db in opts.memory_dbs.items():
+    for name, db in opts.memory_dbs.items():
         overrides = [f"llm.config={opts.llm_config}"]
-        if mode == "identity":
+        if name == "identity":
             overrides += ["compress.mode=identity", "llm.enabled=false"]
+        db.parent.mkdir(parents=True, exist_ok=True)
         specs.append(
             ServiceSpec(
-                f"memory_serve_{mode}",
+                f"memory_serve_{name}",
                 "memory_serve",
                 ["--db", str(db)],
                 overrides + list(opts.memory_overrides),
-                env=env if mode == "llm" else thread_env(1),
+                env=env if name != "identity" else thread_env(1),
             )
         )
     urls = group.start(specs)
     return StackURLs(
         search=search,
         serve=urls["serve"],
-        memory={mode: urls[f"memory_serve_{mode}"] for mode in opts.memory_dbs},
+        memory={name: urls[f"memory_serve_{name}"] for name in opts.memory_dbs},
     )

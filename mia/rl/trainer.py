@@ -20,13 +20,17 @@ One step (``configs/rl/trainer.yaml``):
 
 ``resume: true`` continues from the latest complete checkpoint under ``checkpoint_dir``.
 Role trainers (Executor, Planner, TTRL) are configurations of this class with their own episode
-and reward; TTRL-style loops call :meth:`Trainer.train_on` with their own samples.
+and reward. Step 2, and steps 3-6 with the metrics, are public on their own
+(:meth:`Trainer.collect`, :meth:`Trainer.learn`) for loops that act between rollouts and the
+update (TTRL writes the rollouts into memory; the streaming server buffers rollouts of several
+requests); ``fit`` runs through the same two methods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import math
 import shutil
@@ -263,6 +267,17 @@ class Trainer:
     ``generator``: a ready generator to use instead of building one from ``cfg.generator``
     (the caller keeps ownership). The policy runs in Ray actors (``workers.mode=ray``; a local
     cluster is started under the run folder unless Ray is already up) or in this process.
+
+    Public API: :meth:`fit` (the loop), :meth:`train_on` (one step on given samples, unlogged),
+    and its two halves :meth:`collect` (rollouts + rewards) and :meth:`learn` (advantages ->
+    update -> weight sync -> step counter -> metrics); :meth:`evaluate`, :meth:`log_metrics`,
+    :meth:`note`, :meth:`run_async`, :meth:`sync_weights`, :meth:`save_checkpoint`,
+    :meth:`setup` / :meth:`close`. ``step`` is the number of learning steps taken.
+
+    Extension point for subclasses: override ``async _after_rollouts(results)``, called on the
+    results of every collection (training and validation) once all their rewards are in and
+    before anything reads them; it may rescore them in place (e.g. a majority vote over each
+    group). The default does nothing.
     """
 
     def __init__(
@@ -302,6 +317,9 @@ class Trainer:
         self._logger: MetricsLogger | None = None
         self._weights_dir: Path | None = None
         self._ready = False
+        self._auto_tags = itertools.count()
+        # Wall time of the collections since the last learn(): that step's time/rollout.
+        self._rollout_seconds = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def _resolve_run_dir(self) -> Path:
@@ -453,12 +471,11 @@ class Trainer:
                     val = self.evaluate()
                     metrics.update(val)
                     self.history[-1].update(val)
-                assert self._logger is not None
-                self._logger.log(self.step, metrics)
+                self.log_metrics(metrics)
                 if self.cfg.save_freq > 0 and self.step % self.cfg.save_freq == 0:
                     self.save_checkpoint()
                 if stop is not None and stop(metrics):
-                    self._logger.note(f"stopping at step {self.step}: stop condition met")
+                    self.note(f"stopping at step {self.step}: stop condition met")
                     break
             if self.cfg.save_freq >= 0 and self.step > 0:
                 from mia.rl.checkpoint import step_dir
@@ -482,20 +499,79 @@ class Trainer:
         assert self._loop is not None, "call setup() first"
         return self._loop.run_until_complete(coro)
 
+    def run_async(self, coro: Awaitable[Any]) -> Any:
+        """Run a coroutine on the trainer's event loop (where its episode's clients live)."""
+        self.setup()
+        if not asyncio.iscoroutine(coro):
+            raise TypeError("run_async needs a coroutine")
+        return self._run(coro)
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """One row of metrics (console, metrics.jsonl, wandb) at ``step`` (default: the current
+        step); a no-op outside ``setup()``..``close()``."""
+        if self._logger is not None:
+            self._logger.log(self.step if step is None else step, dict(metrics))
+
+    def note(self, text: str) -> None:
+        """A line in the run's log (printed when the trainer is not set up)."""
+        if self._logger is not None:
+            self._logger.note(text)
+        else:
+            print(text, flush=True)
+
     def train_on(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """One GRPO step on ``samples`` (n rollouts each); returns its metrics (recorded in
-        ``history``; :meth:`fit` also logs them, callers of this method log their own)."""
+        """One GRPO step on ``samples`` (n rollouts each): ``learn(collect(samples))``; returns
+        its metrics (recorded in ``history``; :meth:`fit` logs them with the validation
+        metrics, other callers log their own)."""
+        return self.learn(self.collect(samples, tag="train"), log=False)
+
+    def collect(
+        self,
+        samples: Sequence[Mapping[str, Any]],
+        *,
+        n: int | None = None,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        tag: str | None = None,
+    ) -> list[RolloutResult]:
+        """``n`` (default ``cfg.n``) concurrent rollouts per sample with their rewards, no
+        update; a failed rollout raises or (``rollout_errors: drop``) carries ``error``.
+
+        ``sampling``: a SamplingParams, or overrides of ``cfg.sampling``. ``tag`` names the
+        collection: group ids (``<tag>-<next step>-<sample>``) and sampling seeds derive from
+        it and the next step number, so a rerun repeats the rollouts; the default is a fresh
+        tag per call, so collections before one :meth:`learn` never share a group."""
+        if isinstance(sampling, SamplingParams):
+            params = sampling
+        else:
+            over = dict(sampling or {})
+            bad = sorted(set(over) - {f.name for f in fields(SamplingParams)})
+            if bad:
+                raise MiaError(f"collect: unknown sampling key(s) {bad}")
+            params = SamplingParams(**{**self.cfg.sampling, **over})
+        count = self.cfg.n if n is None else int(n)
+        if count < 1:
+            raise MiaError(f"collect: n must be >= 1, got {count}")
+        self.setup()
+        name = f"c{next(self._auto_tags)}" if tag is None else str(tag)
+        t0 = time.perf_counter()
+        results = self._run(self._collect(list(samples), count, params, self.step + 1, name))
+        self._rollout_seconds += time.perf_counter() - t0
+        return results
+
+    def learn(self, results: Sequence[RolloutResult], *, log: bool = True) -> dict[str, Any]:
+        """One GRPO step on collected ``results``: drops groups with a failed rollout, then
+        group advantages, old log-probs, ``ppo_epochs`` of updates, weight sync, ``step += 1``;
+        returns the step's metrics (in ``history``; also logged unless ``log=False``, for a
+        caller that adds its own keys to the row)."""
+        if not results:
+            raise MiaError("learn: no rollout results")
         self.setup()
         cfg = self.cfg
-        t_step = time.perf_counter()
-        timing: dict[str, float] = {}
+        t_learn = time.perf_counter()
+        timing: dict[str, float] = {"rollout": self._rollout_seconds}
+        self._rollout_seconds = 0.0
         step = self.step + 1
-        sampling = SamplingParams(**cfg.sampling)
-
-        t0 = time.perf_counter()
-        results = self._run(self._rollouts(samples, cfg.n, sampling, step, "train"))
-        timing["rollout"] = time.perf_counter() - t0
-        results, n_dropped = self._drop_failed_groups(results)
+        results, n_dropped = self._drop_failed_groups(list(results))
 
         rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
         groups = [r.group for r in results]
@@ -536,10 +612,12 @@ class Trainer:
             self.sync_weights()
         timing["sync"] = time.perf_counter() - t0
 
-        timing["step"] = time.perf_counter() - t_step
+        timing["step"] = timing["rollout"] + time.perf_counter() - t_learn
         metrics.update(self._step_metrics(results, batch, update, timing, n_dropped))
         self._dump_rollouts(results)
         self.history.append({"step": self.step, **metrics})
+        if log:
+            self.log_metrics(metrics)
         return metrics
 
     def _has_signal(self, adv: torch.Tensor) -> bool:
@@ -574,6 +652,22 @@ class Trainer:
         if self._weights_dir is not None and self._weights_dir != folder:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._weights_dir = folder
+
+    async def _after_rollouts(self, results: list[RolloutResult]) -> None:
+        """Extension point (see the class docstring): rescore a collection in place once all
+        its rewards are in. Default: nothing."""
+
+    async def _collect(
+        self,
+        samples: Sequence[Mapping[str, Any]],
+        n: int,
+        sampling: SamplingParams,
+        step: int,
+        phase: str,
+    ) -> list[RolloutResult]:
+        results = await self._rollouts(samples, n, sampling, step, phase)
+        await self._after_rollouts(results)
+        return results
 
     async def _rollouts(
         self,
@@ -649,7 +743,7 @@ class Trainer:
         params = {**self.cfg.sampling, **self.cfg.val_sampling, **dict(sampling or {})}
         samples = [data[i] for i in range(len(data))]
         results = self._run(
-            self._rollouts(samples, n or self.cfg.val_n, SamplingParams(**params), self.step, "val")
+            self._collect(samples, n or self.cfg.val_n, SamplingParams(**params), self.step, "val")
         )
         ok = [r for r in results if r.error is None]
         if not ok:
