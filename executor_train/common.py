@@ -116,6 +116,15 @@ def setup_logging(level: str = "INFO") -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def split_mode(overrides: list[str]) -> tuple[str, list[str]]:
+    """``mode=grpo|sft`` (the last one wins; default grpo) and the other overrides."""
+    modes = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "mode"]
+    mode = modes[-1] if modes else "grpo"
+    if mode not in ("grpo", "sft"):
+        raise MiaError(f"mode must be grpo or sft, got {mode!r}")
+    return mode, [o for o in overrides if o.split("=", 1)[0] != "mode"]
+
+
 def role_main(
     prog: str,
     description: str,
@@ -123,10 +132,19 @@ def role_main(
     run: Callable[[dict[str, Any]], Any],
     argv: list[str] | None = None,
     default_config: str = "default",
+    sft_config: str | None = None,
 ) -> None:
     """``python -m <role> [--config-name NAME] [--cfg] [key=value ...]``; a MiaError is one
-    line on stderr and exit 2."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    line on stderr and exit 2. With ``sft_config``, ``mode=sft`` hands the rest of the command
+    line to :mod:`mia.rl.sft` with ``configs/sft/<sft_config>.yaml`` (``mode=grpo``, the
+    default, trains with ``run``)."""
+    epilog = (
+        f"mode=sft: supervised fine-tuning with configs/sft/{sft_config}.yaml instead of GRPO "
+        "(its keys: python -m mia.rl.sft --help, or add --cfg)"
+        if sft_config
+        else None
+    )
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
     parser.add_argument(
         "--config-name",
         "--config",
@@ -137,7 +155,7 @@ def role_main(
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -146,7 +164,17 @@ def role_main(
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
             raise MiaError(f"overrides must look like key=value, got {bad}")
-        cfg = compose_role(role, args.config_name, list(args.overrides))
+        overrides = list(args.overrides)
+        if sft_config is not None:
+            mode, overrides = split_mode(overrides)
+            if mode == "sft":
+                from mia.rl.sft import main as sft_main
+
+                name = sft_config if args.config_name == default_config else args.config_name
+                setup_logging(args.log_level)
+                sft_main(["--config-name", name, *(["--cfg"] * args.cfg), *overrides], prog)
+                return
+        cfg = compose_role(role, args.config_name, overrides)
         if args.cfg:
             import yaml
 

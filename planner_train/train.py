@@ -82,4 +82,5 @@ def main(argv: list[str] | None = None) -> None:
         "planner_train",
         run,
         argv,
+        sft_config="planner",
     )

@@ -1,6 +1,6 @@
 """``mia demo`` end to end with a tiny model override: world + index built under $MIA_HOME,
-three real service subprocesses, both policies, and no process or port left behind — after a
-normal run and after Ctrl-C."""
+real service subprocesses, the three policies and the TTRL pass, and no process or port left
+behind — after a normal run and after Ctrl-C."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def _demo(model: Path, out: Path, questions: int, *extra: str) -> list[str]:
         "agent.max_turns=2",
         # The tiny model answers in milliseconds: no 200 ms batching window per request.
         *(f"local_roles.{role}.batch_wait_ms=5" for role in ("executor", "planner", "manager")),
+        "ttrl.batch_size=2",
         *extra,
     ]
 
@@ -81,7 +82,7 @@ def _listening(url: str) -> bool:
 
 def _assert_stopped(services_json: Path) -> None:
     services = json.loads(services_json.read_text())
-    assert set(services) == {"local_search", "serve", "memory_serve_llm"}
+    assert set(services) == {"local_search", "serve", "memory_serve_llm", "memory_serve_ttrl"}
     for name, info in services.items():
         assert not _alive(info["pid"]), f"{name} (pid {info['pid']}) is still running"
         assert info["url"].startswith("http://127.0.0.1:")
@@ -96,20 +97,28 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    assert lines[0] == f"mia demo: policies none, mia on 2 questions -> {out}"
-    for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"):
+    assert lines[0] == f"mia demo: none, plan_only, mia, ttrl on 2 questions -> {out}"
+    for step in ("[1/6]", "[2/6]", "[3/6]", "[4/6]", "[5/6]", "[6/6]"):
         assert any(line.startswith(step) for line in lines), step
     header = next(i for i, line in enumerate(lines) if line.startswith("policy "))
     assert lines[header].split()[:3] == ["policy", "n", "acc"]
-    assert lines[header + 2].split()[:2] == ["none", "2"]
-    assert lines[header + 3].split()[:2] == ["mia", "2"]
+    table = [line.split()[:2] for line in lines[header + 2 : header + 6]]
+    assert table == [["none", "2"], ["plan_only", "2"], ["mia", "2"], ["ttrl", "2"]]
     assert any(line.startswith("done in ") for line in lines)
-    # The tiny model is not the embedded one: no SmolLM2 note.
-    assert not any("SmolLM2" in line for line in lines)
+    # The tiny model is not the embedded one: no warm start, no SmolLM2 note.
+    assert not any("SmolLM2" in line or "warm-started" in line for line in lines)
     summary = json.loads((out / "summary.json").read_text())
-    assert [p["policy"] for p in summary["policies"]] == ["none", "mia"]
-    assert [p["questions"] for p in summary["policies"]] == [2, 2]
-    for policy in ("none", "mia"):
+    assert [p["policy"] for p in summary["policies"]] == ["none", "plan_only", "mia"]
+    assert [p["questions"] for p in summary["policies"]] == [2, 2, 2]
+    # The TTRL pass: one batch of the same 2 questions x n=2 plans, its curve and its row.
+    ttrl_rows = [json.loads(x) for x in (out / "ttrl" / "accuracy.jsonl").read_text().splitlines()]
+    assert [(r["batch"], r["questions"], r["rollouts"]) for r in ttrl_rows] == [(0, 2, 4)]
+    assert (out / "ttrl" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    demo = json.loads((out / "demo.json").read_text())
+    assert [s["policy"] for s in demo["summaries"]] == ["none", "plan_only", "mia", "ttrl"]
+    assert demo["summaries"][-1]["accuracy"] == ttrl_rows[0]["accuracy"]
+    assert demo["world"] == {"seed": 1, "size": "small"} and demo["warm_start"] == {}
+    for policy in ("none", "plan_only", "mia"):
         rows = [json.loads(x) for x in (out / policy / "results.jsonl").read_text().splitlines()]
         assert [r_["modality"] for r_ in rows] == ["text-only", "text-only"]
         assert all(r_["error"] is None for r_ in rows)
@@ -118,15 +127,15 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     # World and index are cached under $MIA_HOME/demo and built atomically (no temp folders).
     demo_home = home / "demo"
     assert sorted(p.name for p in demo_home.iterdir()) == [
-        "index-world-small-s0-bm25",
-        "world-small-s0",
+        "index-world-small-s1-bm25",
+        "world-small-s1",
     ]
 
 
 @pytest.mark.slow
 def test_demo_ctrl_c_stops_every_service(tiny_model: Path, home: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    cached = (home / "demo" / "world-small-s0" / "world.json").is_file()
+    cached = (home / "demo" / "world-small-s1" / "world.json").is_file()
     proc = subprocess.Popen(
         _demo(tiny_model, out, 12),
         env=_env(home),

@@ -1,0 +1,149 @@
+"""Warm-started roles (mia.models.warm_start): the cache is atomic and keyed by the recipe.
+
+A tiny Qwen2 stands in for SmolLM2 (the base model is injectable); the recipe is the real
+``configs/sft/executor.yaml`` shrunk to a few steps on a small world, so a build takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mia.errors import MiaError
+from mia.models import warm_start as W
+from mia.rl import sft as S
+
+OVERRIDES = [
+    "data.gold_world.size=small",
+    "data.gold_world.limit=5",
+    "data.gold_world.plan=with",
+    "data.val_size=1",
+    "data.max_length=1024",
+    "batch_size=2",
+    "total_steps=3",
+    "train_top_layers=1",
+    "eval_at_start=true",
+    "logging.console=false",
+]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("warm-home")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
+
+    tok = build_tokenizer()
+    return save_tiny(tiny_qwen2(tok, seed=0), tok, tmp_path_factory.mktemp("base") / "m")
+
+
+def _leftovers(home: Path) -> list[str]:
+    models = home / "models"
+    names = [p.name for p in models.iterdir()] if models.is_dir() else []
+    runs = models / ".warm-runs"
+    names += [f".warm-runs/{p.name}" for p in runs.iterdir()] if runs.is_dir() else []
+    return sorted(n for n in names if not n.endswith(".lock") and n != ".warm-runs")
+
+
+def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
+    home: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = W.warm_recipe("executor", OVERRIDES)
+    real_step = S.SftRun.train_step
+    calls = {"n": 0}
+
+    def crash_on_second(self: S.SftRun) -> dict[str, Any]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("killed mid-way")
+        return real_step(self)
+
+    monkeypatch.setattr(S.SftRun, "train_step", crash_on_second)
+    with pytest.raises(RuntimeError, match="killed mid-way"):
+        W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None)
+    assert calls["n"] == 2
+    assert _leftovers(home) == []  # no half cache, no temporary folder, no run folder
+    assert len(list((home / "data" / "gold").glob("*.jsonl"))) == 1  # the gold data is kept
+
+    monkeypatch.setattr(S.SftRun, "train_step", real_step)
+    lines: list[str] = []
+    path = W.warm_role_dir(
+        "executor", home=home, base_model_dir=base, recipe=recipe, log=lines.append
+    )
+    key = W.recipe_key(recipe, W.base_fingerprint(base))
+    assert path == home / "models" / f"warm-executor-{key}"
+    assert _leftovers(home) == [path.name]
+    marker = json.loads((path / "mia-model.json").read_text())
+    assert (marker["recipe"], marker["role"], marker["key"], marker["steps"]) == (
+        "warm-start-sft",
+        "executor",
+        key,
+        3,
+    )
+    assert marker["val_loss_end"] < marker["val_loss_start"]
+    assert any(line.startswith("warm start [executor]: done") for line in lines)
+    assert not any(line.startswith("gold:") for line in lines)  # reused from the failed run
+
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(path))  # a complete, loadable folder
+
+    def no_rebuild(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a valid cache must not be rebuilt")
+
+    monkeypatch.setattr(S, "train_sft", no_rebuild)
+    again = W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None)
+    assert again == path
+
+
+def test_a_folder_without_its_marker_is_rebuilt(
+    home: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = W.warm_recipe("executor", [*OVERRIDES, "total_steps=1"])
+    path = W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None)
+    (path / "mia-model.json").unlink()
+    built: list[int] = []
+    real = S.train_sft
+    monkeypatch.setattr(S, "train_sft", lambda cfg, **kw: built.append(1) or real(cfg, **kw))
+    assert (
+        W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None) == path
+    )
+    assert built == [1] and (path / "mia-model.json").is_file()
+
+
+def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: Path) -> None:
+    from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
+
+    fp = W.base_fingerprint(base)
+    recipe = W.warm_recipe("executor", OVERRIDES)
+    key = W.recipe_key(recipe, fp)
+    assert W.recipe_key(W.warm_recipe("executor", OVERRIDES), fp) == key
+    # where it runs and how it logs is not the recipe
+    same = W.warm_recipe("executor", [*OVERRIDES, "run_dir=/elsewhere", "logging.jsonl=false"])
+    assert W.recipe_key(same, fp) == key
+    # anything that changes the weights is
+    for change in ("policy.optim.lr=0.5", "total_steps=4", "data.gold_world.seed=3"):
+        changed = W.warm_recipe("executor", [*OVERRIDES, change])
+        assert W.recipe_key(changed, fp) != key, change
+    assert W.recipe_key(W.warm_recipe("planner", OVERRIDES), fp) != key
+    tok = build_tokenizer()
+    other = save_tiny(tiny_qwen2(tok, seed=1), tok, tmp_path / "other")
+    assert W.recipe_key(recipe, W.base_fingerprint(other)) != key
+    bumped = {**W.data_fingerprint(), "warm_data_version": W.WARM_DATA_VERSION + 1}
+    assert W._sha(bumped) != W._sha(W.data_fingerprint())
+
+
+def test_the_shipped_recipes_are_valid() -> None:
+    for role in W.ROLES:
+        cfg = S.SftConfig.from_dict(W.warm_recipe(role))
+        assert cfg.model_path == "embedded" and cfg.train_top_layers > 0
+        assert cfg.data.train == [] and cfg.data.gold_world.seed == 0
+    assert S.SftConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
+    with pytest.raises(MiaError, match="unknown warm-start role"):
+        W.warm_recipe("judge")
