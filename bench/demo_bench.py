@@ -1,7 +1,8 @@
 """Times the real ``mia demo`` (SmolLM2-135M, embedded default) and prints one table row.
 
-    python bench/demo_bench.py                 # warm: reuses $MIA_HOME (model, world, index)
-    python bench/demo_bench.py --cold          # a fresh MIA_HOME: model build + world + index too
+    python bench/demo_bench.py                 # warm: reuses $MIA_HOME (models, world, index)
+    python bench/demo_bench.py --cold          # a fresh MIA_HOME: every build (warm start too)
+    python bench/demo_bench.py --home DIR      # that MIA_HOME (cold when empty, warm after)
     python bench/demo_bench.py --questions 8 -- agent.max_turns=2     # demo arguments after --
 
 Reports the wall time and the CPU time of the whole process tree (the demo and its three
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="fresh MIA_HOME (builds everything)")
     p.add_argument("--questions", type=int, default=None, help="demo --questions")
     p.add_argument("--out", default=None, help="demo --out (default: a temp folder)")
+    p.add_argument("--home", default=None, help="MIA_HOME to use (default: the environment's)")
     p.add_argument("demo_args", nargs="*", help="more demo arguments (after --)")
     args = p.parse_args()
 
@@ -39,6 +41,8 @@ def main() -> None:
     home_tmp = tempfile.TemporaryDirectory(prefix="mia-demo-bench-") if args.cold else None
     if home_tmp is not None:
         env["MIA_HOME"] = home_tmp.name
+    elif args.home:
+        env["MIA_HOME"] = str(Path(args.home).resolve())
     out = args.out or tempfile.mkdtemp(prefix="mia-demo-out-")
     cmd = [sys.executable, "-m", "mia.cli", "demo", "--out", out, "--no-progress"]
     if args.questions is not None:
@@ -59,7 +63,8 @@ def main() -> None:
         usage_after.ru_stime - usage_before.ru_stime
     )
     cores = os.cpu_count() or 1
-    summary = json.loads((Path(out) / "summary.json").read_text())["policies"]
+    demo = json.loads((Path(out) / "demo.json").read_text())
+    summary = demo["summaries"]  # the policies, then the TTRL pass
     result = {
         "mode": "cold" if args.cold else "warm",
         "questions": summary[0]["questions"] if summary else None,
@@ -70,6 +75,7 @@ def main() -> None:
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in load_after],
         "policies": {s["policy"]: {k: s.get(k) for k in ("accuracy", "wall_s")} for s in summary},
+        "built": [line.strip() for line in proc.stdout.splitlines() if "done in" in line],
         "machine": f"{platform.processor() or platform.machine()}, {cores} cores",
         "command": " ".join(cmd[2:]),
     }
@@ -78,6 +84,8 @@ def main() -> None:
     (bench_dir / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     table = proc.stdout[proc.stdout.find("policy ") :].split("\n\n")[0]
     print(table)
+    for line in result["built"]:
+        print(line)
     print()
     print(
         "| mode | questions/policy | wall | CPU (all processes) | CPU / cores | load avg (1 min) before -> after |"
@@ -87,6 +95,10 @@ def main() -> None:
         f"| {result['mode']} | {result['questions']} | {wall:.0f} s | {cpu:.0f} s | "
         f"{cpu / cores:.0f} s | {load_before[0]:.1f} -> {load_after[0]:.1f} |"
     )
+    # Targets (issue 7): <= 10 minutes on a first run (warm start included), <= 5 once cached.
+    target = 600 if args.cold else 300
+    verdict = "met" if wall <= target else "missed"
+    print(f"target: {result['mode']} run <= {target // 60} min: {verdict} ({wall / 60:.1f} min)")
     if home_tmp is not None:
         home_tmp.cleanup()
 

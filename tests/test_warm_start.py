@@ -7,6 +7,7 @@ A tiny Qwen2 stands in for SmolLM2 (the base model is injectable); the recipe is
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,26 @@ def test_the_shipped_recipes_are_valid() -> None:
     assert S.SftConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
     with pytest.raises(MiaError, match="unknown warm-start role"):
         W.warm_recipe("judge")
+
+
+def test_cache_key_is_the_same_in_every_process() -> None:
+    """The key hashes phrase tables that hold functions: their ``str`` has a memory address,
+    and sets iterate in a per-process order, so a naive hash rebuilt the model on every run."""
+    import subprocess
+    import sys
+
+    code = (
+        "from mia.models.warm_start import data_fingerprint, recipe_key, warm_recipe;"
+        "print(data_fingerprint()['gold'], recipe_key(warm_recipe('executor'), {'m': 1}))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(outs) == 1, outs

@@ -55,8 +55,27 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _stable(value: Any) -> str:
+    """JSON fallback that is the same in every process: a function by its source (``str`` of a
+    function holds its memory address, which changed the cache key on every run), a set sorted."""
+    if callable(value):
+        import inspect
+
+        try:
+            return "fn:" + inspect.getsource(value).strip()
+        except (OSError, TypeError):
+            return "fn:" + getattr(value, "__qualname__", type(value).__name__)
+    if isinstance(value, set | frozenset):
+        return json.dumps(sorted(map(_stable_item, value)))
+    return str(value)
+
+
+def _stable_item(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=_stable)
+
+
 def _sha(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=_stable).encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------- fingerprints
