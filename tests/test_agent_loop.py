@@ -575,7 +575,7 @@ def test_token_policy_with_the_local_engine(tiny: Any) -> None:
 def test_concurrent_token_rollouts_are_independent(tiny: Any) -> None:
     tok, model, chat = tiny
     engine = Recording(chat)
-    cfg = AgentConfig(sampling={"temperature": 1.0, "max_tokens": 10})
+    cfg = AgentConfig(sampling={"temperature": 1.0, "seed": 3, "max_tokens": 10})
     loop = ExecutorLoop(TokenPolicy(engine), [], cfg)
 
     async def rollouts() -> list[Any]:
@@ -587,7 +587,8 @@ def test_concurrent_token_rollouts_are_independent(tiny: Any) -> None:
         )
 
     for traj in run(rollouts()):
-        assert traj.turns == 2
+        # >= 2: random weights may sample a (failing) tool call, which costs one more turn
+        assert traj.turns >= 2 and traj.replanned
         _check_tokens(traj, tok, model, engine.generated_for(traj))
     assert chat.stats["max_batch"] >= 2  # the engine batched concurrent rollouts
 
