@@ -65,28 +65,10 @@ def trainer_section(cfg: Mapping[str, Any], model_path: str, run_dir: str = "") 
     return section
 
 
-def load_llm_config(name: str | Mapping[str, Any]) -> dict[str, Any]:
-    """An ``llm`` config (``common`` + ``roles``): a mapping, a YAML file or a name in
-    ``configs/llm/``."""
-    if isinstance(name, Mapping):
-        return dict(name)
-    from omegaconf import OmegaConf
-
-    p = Path(str(name)).expanduser()
-    if not p.is_file():
-        p = CONFIG_ROOT / "llm" / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if not p.is_file():
-        raise MiaError(f"llm config not found: {name}")
-    data = OmegaConf.to_container(OmegaConf.load(p), resolve=True)
-    if not isinstance(data, dict):
-        raise MiaError(f"llm config {p}: expected a mapping")
-    return data
-
-
 def build_judge(judge_cfg: Mapping[str, Any] | None, llm: str | Mapping[str, Any] = "embedded"):
     """A judge from a ``judge`` config; LLM-backed ones build only their role's backend."""
     from mia.judge import build_judge as _build
-    from mia.llm.config import build_backend, role_configs
+    from mia.llm.config import build_backend, load_llm_config, role_configs
 
     cfg = dict(judge_cfg or {"type": "rules"})
     if cfg.get("type", "rules") == "rules":

@@ -4,34 +4,18 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from memory_serve.config import LLMRolesConfig
 from mia.errors import MiaError
 from mia.llm.base import ChatBackend, SamplingParams
 
-LLM_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "llm"
-
-
-def llm_config_path(name: str) -> Path:
-    p = Path(name).expanduser()
-    if p.is_file():
-        return p
-    named = LLM_CONFIG_DIR / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if named.is_file():
-        return named
-    raise MiaError(f"llm config not found: {name} (also looked for {named})")
-
 
 def build_roles(cfg: LLMRolesConfig) -> tuple[ChatBackend, ChatBackend]:
     """``(manager, planner)``; the planner is the manager's backend when ``cfg.planner`` is None."""
-    from omegaconf import OmegaConf
+    from mia.llm.config import build_backend, load_llm_config, role_configs
 
-    from mia.llm.config import build_backend, role_configs
-
-    data = OmegaConf.to_container(OmegaConf.load(llm_config_path(cfg.config)), resolve=True)
-    roles = role_configs(data)
+    roles = role_configs(load_llm_config(cfg.config))
     wanted = [cfg.manager] + ([cfg.planner] if cfg.planner else [])
     unknown_overrides = sorted(set(cfg.overrides) - set(wanted))
     if unknown_overrides:

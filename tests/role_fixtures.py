@@ -158,3 +158,26 @@ class ScriptedGenerator:
 
     def close(self) -> None:
         return None
+
+
+def record_rewards(trainer: Any) -> list[tuple[dict, Any, float, dict]]:
+    """Wrap ``trainer.reward_fn`` so every ``(sample, trajectory, score, extras)`` it computes
+    is appended to the returned list (the assertions read the real rewards)."""
+    seen: list[tuple[dict, Any, float, dict]] = []
+    inner = trainer.reward_fn
+
+    async def recording(sample: dict, traj: Any) -> tuple[float, dict]:
+        score, extras = await inner(sample, traj)
+        seen.append((sample, traj, score, extras))
+        return score, extras
+
+    trainer.reward_fn = recording
+    return seen
+
+
+def scores_by_question(seen: list[tuple[dict, Any, float, dict]]) -> dict[str, list[float]]:
+    """Sorted rounded scores per ``data_id``."""
+    by_q: dict[str, list[float]] = {}
+    for sample, _, score, _ in seen:
+        by_q.setdefault(sample["data_id"], []).append(round(score, 6))
+    return {k: sorted(v) for k, v in by_q.items()}

@@ -14,7 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from role_fixtures import ScriptedGenerator, build_tiny_model, memory_service
+from role_fixtures import (
+    ScriptedGenerator,
+    build_tiny_model,
+    memory_service,
+    record_rewards,
+    scores_by_question,
+)
 
 from executor_train.common import compose_role
 from executor_train.data import load_samples
@@ -151,23 +157,12 @@ def test_one_executor_grpo_step_through_real_services(tmp_path: Path, search_url
         gen = ScriptedGenerator(build_tokenizer(), ExecutorScript())
         trainer = build_trainer(cfg, generator=gen)
         assert isinstance(trainer, Trainer)
-        seen: list[tuple[dict, object, float, dict]] = []
-        inner = trainer.reward_fn
-
-        async def recording(sample, traj):
-            score, extras = await inner(sample, traj)
-            seen.append((sample, traj, score, extras))
-            return score, extras
-
-        trainer.reward_fn = recording
+        seen = record_rewards(trainer)
         history = trainer.fit()
 
     # Rewards: A = right first time with a search (0.7*1.2 + 0.2 + 0.1); B = wrong, one replan,
     # right without a tool in the second attempt (0.7*1.0 + 0.2*0.5 + 0.1).
-    by_q: dict[str, list[float]] = {}
-    for sample, _, score, _ in seen:
-        by_q.setdefault(sample["data_id"], []).append(round(score, 6))
-    assert {k: sorted(v) for k, v in by_q.items()} == {"e1": [0.9, 1.14], "e2": [0.9, 1.14]}
+    assert scores_by_question(seen) == {"e1": [0.9, 1.14], "e2": [0.9, 1.14]}
     for _, traj, score, extras in seen:
         assert score == extras["score"]
         if traj.replanned:

@@ -21,7 +21,9 @@ from role_fixtures import (
     memory_service,
     plan_of,
     question_of,
+    record_rewards,
     replan_of,
+    scores_by_question,
 )
 
 from executor_train.common import compose_role
@@ -105,23 +107,12 @@ def test_one_planner_grpo_step_through_real_services(tmp_path: Path) -> None:
             ],
         )
         trainer = build_trainer(cfg, generator=gen)
-        seen: list[tuple[dict, object, float, dict]] = []
-        inner = trainer.reward_fn
-
-        async def recording(sample, rollout):
-            score, extras = await inner(sample, rollout)
-            seen.append((sample, rollout, score, extras))
-            return score, extras
-
-        trainer.reward_fn = recording
+        seen = record_rewards(trainer)
         history = trainer.fit()
 
     # yes: first answer wrong, replanned, right (0.7 + 0.05 format + 0.05 decision);
     # no: wrong and kept (0.05 format, decision wrong).
-    by_q: dict[str, list[float]] = {}
-    for sample, _, score, _ in seen:
-        by_q.setdefault(sample["data_id"], []).append(round(score, 6))
-    assert {k: sorted(v) for k, v in by_q.items()} == {"p1": [0.05, 0.8], "p2": [0.05, 0.8]}
+    assert scores_by_question(seen) == {"p1": [0.05, 0.8], "p2": [0.05, 0.8]}
     for sample, r, score, extras in seen:
         assert score == extras["score"]
         gold = GOLD[sample["question"]]

@@ -118,32 +118,11 @@ def role_backend(spec_: dict[str, Any], default_role: str) -> Any:
     return build_backend(data, name=role)
 
 
-def llm_config_path(name: str) -> Path:
-    folder = Path(__file__).resolve().parents[2] / "configs" / "llm"
-    p = Path(name).expanduser()
-    if p.is_file():
-        return p
-    named = folder / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if named.is_file():
-        return named
-    raise MiaError(f"llm config not found: {name} (also looked for {named})")
-
-
-def load_llm_config(name: str) -> dict[str, Any]:
-    """An llm config file (``common`` + ``roles``) as a plain dict."""
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(OmegaConf.load(llm_config_path(name)), resolve=True)
-    if not isinstance(data, dict):
-        raise MiaError(f"llm config {name}: expected a mapping")
-    return data
-
-
 def role_llm_dict(config: str, role: str) -> dict[str, Any]:
     """One role of an llm config, with ``common`` merged in, as LLMConfig fields."""
     import dataclasses
 
-    from mia.llm.config import role_configs
+    from mia.llm.config import load_llm_config, role_configs
 
     roles = role_configs(load_llm_config(config))
     if role not in roles:

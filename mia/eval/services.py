@@ -260,7 +260,7 @@ def write_llm_config(
     Services read the copy, so what ran is on disk beside the results."""
     from omegaconf import OmegaConf
 
-    from mia.eval.harness import load_llm_config
+    from mia.llm.config import load_llm_config
 
     data = load_llm_config(base)
     data.setdefault("common", {})

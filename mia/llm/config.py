@@ -21,6 +21,32 @@ from mia.llm.base import ChatBackend, SamplingParams
 
 ROLES = ("manager", "planner", "executor", "judge")
 BACKENDS = ("openai", "local", "scripted")
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "llm"
+
+
+def llm_config_path(name: str | Path) -> Path:
+    """A YAML file, or a name in ``configs/llm/`` (``embedded`` -> ``configs/llm/embedded.yaml``)."""
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    named = CONFIG_DIR / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
+    if named.is_file():
+        return named
+    raise MiaError(f"llm config not found: {name} (also looked for {named})")
+
+
+def load_llm_config(name: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """An llm config (``common`` + ``roles``) as a plain dict: a mapping, a YAML file or a name
+    in ``configs/llm/``."""
+    if isinstance(name, Mapping):
+        return dict(name)
+    from omegaconf import OmegaConf
+
+    path = llm_config_path(name)
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(data, dict):
+        raise MiaError(f"llm config {path}: expected a mapping")
+    return data
 
 
 @dataclass

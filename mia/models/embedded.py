@@ -99,7 +99,8 @@ def _source_info(path: Path) -> dict[str, Any]:
     return {"package": PACKAGE, "version": version, "file": path.name, "size": path.stat().st_size}
 
 
-def _read_marker(folder: Path) -> dict[str, Any] | None:
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """A model folder's build marker (None when missing or unreadable)."""
     try:
         data = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
@@ -128,7 +129,8 @@ def _current_source() -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes (builds run once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -146,7 +148,7 @@ def cache_dir(home: str | Path | None = None) -> Path:
 def cache_marker(home: str | Path | None = None) -> dict[str, Any] | None:
     """The marker of a complete, current cache; None when it must be (re)built."""
     folder = cache_dir(home)
-    marker = _read_marker(folder)
+    marker = read_marker(folder)
     return marker if _is_valid(folder, marker, _current_source()) else None
 
 
@@ -160,11 +162,11 @@ def embedded_model_dir(
     """
     target = cache_dir(home)
     emit = log or (lambda _line: None)
-    if not force and _is_valid(target, _read_marker(target), _current_source()):
+    if not force and _is_valid(target, read_marker(target), _current_source()):
         return target
-    with _lock(target.with_name(f".{MODEL_NAME}.lock")):
+    with file_lock(target.with_name(f".{MODEL_NAME}.lock")):
         # Another process may have finished the build while we waited for the lock.
-        if not force and _is_valid(target, _read_marker(target), _current_source()):
+        if not force and _is_valid(target, read_marker(target), _current_source()):
             return target
         _build(target, emit)
     return target

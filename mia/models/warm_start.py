@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mia.errors import MiaError
-from mia.models.embedded import _lock
+from mia.models.embedded import file_lock, read_marker
 from mia.paths import atomic_dir, atomic_write_text, mia_home
 
 if TYPE_CHECKING:
@@ -143,10 +143,10 @@ def gold_world_file(
     :class:`mia.data.gold.GoldExample` plus ``variant`` (``plan`` / ``no_plan``); with
     ``plan: both`` a question has one row of each (same ``id``).
     """
-    from mia.rl.policy import _from_dict
+    from mia.rl.policy import config_from_dict
     from mia.rl.sft import GoldWorldConfig
 
-    cfg = g if isinstance(g, GoldWorldConfig) else _from_dict(GoldWorldConfig, dict(g))
+    cfg = g if isinstance(g, GoldWorldConfig) else config_from_dict(GoldWorldConfig, dict(g))
     cfg.validate()
     emit = say or (lambda _line: None)
     root = (Path(home) if home is not None else mia_home()) / "data" / "gold"
@@ -154,7 +154,7 @@ def gold_world_file(
     path = root / f"w{cfg.seed}-{cfg.size}-{cfg.split}-{key}.jsonl"
     if path.is_file():
         return path
-    with _lock(root / ".gold.lock"):
+    with file_lock(root / ".gold.lock"):
         if path.is_file():
             return path
         started = time.monotonic()
@@ -255,16 +255,8 @@ def warm_cache_dir(role: str, key: str, home: str | Path | None = None) -> Path:
     return (Path(home) if home is not None else mia_home()) / "models" / f"warm-{role}-{key}"
 
 
-def _read_marker(folder: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _is_valid(folder: Path, key: str) -> bool:
-    marker = _read_marker(folder)
+    marker = read_marker(folder)
     return (
         marker is not None
         and marker.get("recipe") == RECIPE
@@ -305,7 +297,7 @@ def warm_role_dir(
     target = warm_cache_dir(role, key, home)
     if not force and _is_valid(target, key):
         return target
-    with _lock(target.with_name(f".warm-{role}.lock")):
+    with file_lock(target.with_name(f".warm-{role}.lock")):
         if not force and _is_valid(target, key):
             return target
         _build(role, cfg, base, key, target, home, emit)

@@ -73,6 +73,20 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def resume_path(want: bool | str | None, root: str | Path) -> Path | None:
+    """What a ``resume`` setting points at: off (false, "", "never") -> None; true / "auto" /
+    "latest" -> the newest complete checkpoint under ``root`` (None when there is none); else
+    a step folder, which must exist."""
+    if want is False or want in ("", "false", "never", None):
+        return None
+    if want is True or want in ("true", "auto", "latest"):
+        return latest_checkpoint(root)
+    path = Path(str(want))
+    if not path.exists():
+        raise MiaError(f"resume: checkpoint {path} not found")
+    return path
+
+
 def save_checkpoint(
     policy: PolicyModel,
     root: str | Path,

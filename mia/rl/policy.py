@@ -125,13 +125,23 @@ class PolicyConfig:
         """Build from a plain/OmegaConf mapping (nested sections become dataclasses)."""
         if isinstance(data, cls):
             return data
-        return _from_dict(cls, dict(data))
+        return config_from_dict(cls, dict(data))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+def plain_config(data: Any) -> dict[str, Any]:
+    """A plain dict from a mapping or an OmegaConf node (interpolations resolved)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(data, DictConfig):
+        return dict(OmegaConf.to_container(data, resolve=True))  # type: ignore[arg-type]
+    return dict(data)
+
+
+def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """A (nested) config dataclass from a plain dict; unknown keys are a clear error."""
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:
@@ -141,7 +151,7 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
         default = known[name].default_factory if callable(known[name].default_factory) else None
         sub = default() if default is not None else None
         if is_dataclass(sub) and value is not None:
-            value = _from_dict(type(sub), dict(value))
+            value = config_from_dict(type(sub), dict(value))
         elif isinstance(value, list | tuple) and name == "betas":
             value = tuple(float(v) for v in value)
         elif hasattr(value, "items"):

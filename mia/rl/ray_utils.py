@@ -89,3 +89,17 @@ def init_ray(
         ray.shutdown()
         if is_standin and not keep_temp:
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def start_private_ray(
+    run_dir: str | Path, num_cpus: int | None = None
+) -> contextlib.AbstractContextManager | None:
+    """Enter :func:`init_ray` unless Ray already runs in this process (a caller's cluster);
+    returns the entered context to ``__exit__`` on close, or None."""
+    import ray
+
+    if ray.is_initialized():
+        return None
+    ctx = init_ray(run_dir, num_cpus=num_cpus)
+    ctx.__enter__()
+    return ctx

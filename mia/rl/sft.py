@@ -42,7 +42,7 @@ import torch
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
 from mia.rl.metrics import LoggingConfig, MetricsLogger
-from mia.rl.policy import PolicyConfig, _from_dict
+from mia.rl.policy import PolicyConfig, config_from_dict, plain_config
 from mia.rl.workers import WorkersConfig
 
 log = logging.getLogger("mia.rl.sft")
@@ -127,7 +127,7 @@ class SftConfig:
     def from_dict(cls, data: Mapping[str, Any] | SftConfig) -> SftConfig:
         if isinstance(data, cls):
             return data.validate()
-        raw = _plain(data)
+        raw = plain_config(data)
         raw.pop("defaults", None)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
@@ -147,7 +147,7 @@ class SftConfig:
                 data_raw[key] = [data_raw[key]]
             elif data_raw.get(key) is None and key in data_raw:
                 data_raw[key] = []
-        kwargs["data"] = _from_dict(SftDataConfig, data_raw)
+        kwargs["data"] = config_from_dict(SftDataConfig, data_raw)
         return cls(**kwargs).validate()
 
     def validate(self) -> SftConfig:
@@ -178,17 +178,6 @@ class SftConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _plain(data: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(data, DictConfig):
-            return dict(OmegaConf.to_container(data, resolve=True))  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra-core
-        pass
-    return dict(data)
 
 
 def top_layer_patterns(model_path: str | Path, k: int) -> list[str]:
@@ -320,13 +309,9 @@ class SftRun:
         )
         torch.manual_seed(self.cfg.seed)
         if self.cfg.workers.mode == "ray":
-            import ray
+            from mia.rl.ray_utils import start_private_ray
 
-            if not ray.is_initialized():
-                from mia.rl.ray_utils import init_ray
-
-                self._ray_ctx = init_ray(self.run_dir, num_cpus=self.cfg.workers.ray_num_cpus)
-                self._ray_ctx.__enter__()
+            self._ray_ctx = start_private_ray(self.run_dir, self.cfg.workers.ray_num_cpus)
         t0 = time.perf_counter()
         self.policy = PolicyGroup.from_config(self.policy_config(), self.cfg.workers)
         log.info("policy ready in %.1f s", time.perf_counter() - t0)
@@ -343,20 +328,12 @@ class SftRun:
         return self
 
     def _maybe_resume(self) -> str | None:
-        want = self.cfg.resume
-        if want is False or want in ("", "false", "never", None):
-            return None
-        if want is True or want in ("true", "auto", "latest"):
-            from mia.rl.checkpoint import latest_checkpoint
-
-            path = latest_checkpoint(self.ckpt_dir)
-            if path is None:
-                return None
-        else:
-            path = Path(str(want))
-            if not path.exists():
-                raise MiaError(f"resume: checkpoint {path} not found")
+        from mia.rl.checkpoint import resume_path
         from mia.rl.trainer import DataCursor
+
+        path = resume_path(self.cfg.resume, self.ckpt_dir)
+        if path is None:
+            return None
 
         info = self.policy.load_checkpoint(path)
         state = info.get("data_state") or {}

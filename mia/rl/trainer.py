@@ -50,7 +50,7 @@ from mia.rl.episode import Episode, Rollout, SeededGenerator, collate, mix_seed
 from mia.rl.generators.base import GeneratorConfig
 from mia.rl.grpo import group_advantages
 from mia.rl.metrics import LoggingConfig, MetricsLogger
-from mia.rl.policy import Batch, PolicyConfig, concat_batches, slice_batch
+from mia.rl.policy import Batch, PolicyConfig, concat_batches, plain_config, slice_batch
 from mia.rl.workers import WorkersConfig
 
 log = logging.getLogger("mia.rl.trainer")
@@ -106,7 +106,7 @@ class TrainerConfig:
     def from_dict(cls, data: Mapping[str, Any] | TrainerConfig) -> TrainerConfig:
         if isinstance(data, cls):
             return data.validate()
-        data = _plain(data)
+        data = plain_config(data)
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise MiaError(f"unknown trainer option(s): {', '.join(unknown)}")
@@ -169,18 +169,6 @@ class TrainerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _plain(data: Any) -> dict[str, Any]:
-    """A plain dict from a mapping or an OmegaConf node (interpolations resolved)."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(data, DictConfig):
-            return dict(OmegaConf.to_container(data, resolve=True))  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra-core
-        pass
-    return dict(data)
 
 
 # ----------------------------------------------------------------------------- data position
@@ -365,14 +353,9 @@ class Trainer:
         return self
 
     def _start_ray(self) -> None:
-        import ray
+        from mia.rl.ray_utils import start_private_ray
 
-        if ray.is_initialized():
-            return
-        from mia.rl.ray_utils import init_ray
-
-        self._ray_ctx = init_ray(self.run_dir, num_cpus=self.cfg.workers.ray_num_cpus)
-        self._ray_ctx.__enter__()
+        self._ray_ctx = start_private_ray(self.run_dir, self.cfg.workers.ray_num_cpus)
 
     def _build_generator(self) -> Any:
         from mia.rl.generators import make_generator
@@ -421,20 +404,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _maybe_resume(self) -> str | None:
-        want = self.cfg.resume
-        if want is False or want in ("", "false", "never", None):
-            return None
-        if want is True or want in ("true", "auto", "latest"):
-            from mia.rl.checkpoint import latest_checkpoint
+        from mia.rl.checkpoint import resume_path
 
-            path = latest_checkpoint(self.ckpt_dir)
-            if path is None:
+        path = resume_path(self.cfg.resume, self.ckpt_dir)
+        if path is None:
+            if self.cfg.resume not in (False, "", "false", "never", None):
                 log.info("resume: no checkpoint under %s, starting fresh", self.ckpt_dir)
-                return None
-        else:
-            path = Path(str(want))
-            if not path.exists():
-                raise MiaError(f"resume: checkpoint {path} not found")
+            return None
         info = self.policy.load_checkpoint(path)
         state = info.get("data_state") or {}
         self.step = int(state.get("trainer_step", info["step"]))
