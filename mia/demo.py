@@ -320,14 +320,13 @@ def warm_start_roles(
         r = role_llm_dict(str(llm_yaml), role)
         if r["backend"] != "local" or r["model_path"] != "embedded":
             continue
-        overrides = list(cfg.warm_start.overrides.get(role) or [])
-        gold = warm_recipe(role, overrides)["data"]["gold_world"]
-        if gold.get("seed") == cfg.world.seed:
+        recipe = warm_recipe(role, list(cfg.warm_start.overrides.get(role) or []))
+        if recipe["data"]["gold_world"].get("seed") == cfg.world.seed:
             _say(
                 f"  note: world seed {cfg.world.seed} is the {role}'s SFT world: the test "
                 "questions are not held out"
             )
-        out[role] = warm_role_dir(role, overrides=overrides, log=_say)
+        out[role] = warm_role_dir(role, recipe=recipe, log=_say)
     return out
 
 
