@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mia import precision
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
 
@@ -85,8 +86,9 @@ class DemoConfig:
             "manager": {"sampling": {"max_tokens": 96}, "batch_wait_ms": 200},
         }
     )
-    # Compute dtype of local roles: auto = bfloat16 on CPUs with native bf16 (avx512_bf16/amx;
-    # measured ~1.6x faster than float32 there), float32 elsewhere (emulated bf16 is slow).
+    # Compute dtype of local roles (and of the warm-start SFT): auto = bfloat16 on CPUs with
+    # native bf16 (measured ~1.6x faster than float32 there), float32 elsewhere (emulated bf16
+    # is ~60x slower). An explicit bfloat16 on a CPU without it also falls back to float32.
     local_dtype: str = "auto"
     agent: dict[str, Any] = field(default_factory=lambda: {"max_turns": 4})
     threads: int | None = None
@@ -101,8 +103,7 @@ class DemoConfig:
             raise MiaError("demo config: world.seed must be >= 0")
         if self.world.size not in ("small", "default", "large"):
             raise MiaError("demo config: world.size must be small, default or large")
-        if self.local_dtype not in ("auto", "float32", "bfloat16"):
-            raise MiaError("demo config: local_dtype must be auto, float32 or bfloat16")
+        precision.normalise(self.local_dtype)  # raises on an unknown spelling
         unknown = sorted(set(self.local_roles) - set(ROLES))
         if unknown:
             raise MiaError(f"demo config: local_roles has unknown role(s) {unknown}")
@@ -240,25 +241,10 @@ def ensure_index(home: Path, world: Path) -> Path:
     return folder
 
 
-def cpu_has_bf16() -> bool:
-    """Native bfloat16 arithmetic on this CPU (Linux: avx512_bf16 or amx_bf16 flags)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def local_dtype(choice: str) -> str:
-    if choice == "auto":
-        return "bfloat16" if cpu_has_bf16() else "float32"
-    return choice
-
-
 def role_overrides(cfg: DemoConfig, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per-role llm fields: remote endpoints from the flags, else the local sampling caps and
     compute dtype."""
-    dtype = local_dtype(cfg.local_dtype)
+    dtype = precision.compute_dtype(cfg.local_dtype, "cpu")
     roles: dict[str, dict[str, Any]] = {}
     for role in ROLES:
         url = getattr(args, f"{role}_url")
@@ -422,6 +408,11 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     stages = 6 if ttrl else 5
     names = ", ".join([*cfg.policies, *(["ttrl"] if ttrl else [])])
     _say(f"mia demo: {names} on {cfg.questions} questions -> {out}")
+    # Emulated bf16 is ~60x slower than float32: say what this machine gets, and why.
+    _say(
+        f"  precision: {precision.compute_dtype(cfg.local_dtype, 'cpu')} for local models "
+        f"(auto = {precision.describe('cpu')})"
+    )
 
     _say(f"[1/{stages}] synthetic world (seed {cfg.world.seed}, size {cfg.world.size})")
     world = ensure_world(home, cfg.world.seed, cfg.world.size)

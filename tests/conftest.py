@@ -12,6 +12,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("WANDB_MODE", "offline")
+# float32 on every CPU, so results do not depend on whether the CI machine has native bf16
+# (tests/test_precision.py checks the choice itself with a reported CPU).
+os.environ.setdefault("MIA_BF16", "0")
 
 
 @pytest.fixture(scope="session")

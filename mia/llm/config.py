@@ -72,7 +72,7 @@ class LLMConfig:
     # local ("embedded" = the embedded default model, built on first use)
     model_path: str | None = "embedded"
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto = bfloat16 where native, else float32 (mia.precision)
     max_batch_size: int = 8
     batch_wait_ms: float = 5.0
     # scripted (tests and dry runs)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mia import precision
 from mia.llm.base import ChatResult, LLMError, Message, SamplingParams
 from mia.llm.think import strip_think as _strip_think
 
@@ -420,7 +421,7 @@ def _load(path: str | Path, device: str, dtype: str) -> tuple[Any, Any]:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise LLMError(f"local backend: {path} is not a model folder (no config.json)")
-    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    torch_dtype = getattr(torch, precision.compute_dtype(dtype, device))
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
     return model, tokenizer
@@ -445,7 +446,7 @@ class LocalChat:
         model: PreTrainedModel | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_batch_size: int = 8,
         batch_wait_ms: float = 5.0,
         chat_template_kwargs: dict[str, Any] | None = None,

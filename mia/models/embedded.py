@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from mia.errors import MiaError
 from mia.models.chat_template import chatml_template
 from mia.paths import atomic_dir, atomic_write_text, mia_home
+from mia.precision import compute_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -276,12 +277,14 @@ def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, folder: Pa
 def load_embedded(
     device: str = "cpu", dtype: Any = None, home: str | Path | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Build if needed, then load ``(model, tokenizer)``; ``dtype`` defaults to the stored one."""
+    """Build if needed, then load ``(model, tokenizer)``; ``dtype`` defaults to the machine's
+    compute dtype (``mia.precision``: bfloat16 where native, else float32)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = embedded_model_dir(home)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype or getattr(torch, DTYPE))
+    if dtype is None or isinstance(dtype, str):
+        dtype = getattr(torch, compute_dtype(dtype, device))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     return model.to(device).eval(), tokenizer

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mia import precision
 from mia.rl.generators.base import (
     BACKENDS,
     Generator,
@@ -69,9 +70,7 @@ def make_generator(
 
         if (model is None) == (not cfg.model_path):
             raise GeneratorError("transformers generator: set model_path OR pass a model")
-        dtype = cfg.dtype
-        if dtype == "auto" and cfg.device == "cpu":
-            dtype = "float32"  # CPU bf16 matmuls are slow and drift from an fp32 policy
+        dtype = precision.compute_dtype(cfg.dtype, cfg.device)
         return TransformersGenerator(
             cfg.model_path or None,
             model=model,
@@ -87,7 +86,7 @@ def make_generator(
         raise GeneratorError("vllm generator: set model_path (a Hugging Face folder)")
     return VLLMGenerator(
         Path(cfg.model_path),
-        dtype=cfg.dtype,
+        dtype=vllm_dtype(cfg.dtype),
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
@@ -97,3 +96,12 @@ def make_generator(
         keep_weight_dirs=cfg.keep_weight_dirs,
         engine_kwargs={**cfg.engine_kwargs, **(engine_kwargs or {})},
     )
+
+
+def vllm_dtype(choice: str) -> str:
+    """vLLM's ``dtype``: its own choice on a GPU for ``auto``; on CPU, bf16 only where native."""
+    import torch
+
+    if torch.cuda.is_available():
+        return choice if choice == "auto" else precision.compute_dtype(choice, "cuda")
+    return precision.compute_dtype(choice, "cpu")

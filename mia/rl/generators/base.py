@@ -65,8 +65,9 @@ class GeneratorConfig:
 
     backend: str = "transformers"  # transformers | vllm
     model_path: str = ""  # HF folder; "" = the caller passes a model (transformers only)
-    # auto: transformers on CPU -> float32 (matches an fp32 policy), else the folder's dtype;
-    # vllm -> vLLM's own choice. Or float32 | bfloat16 | float16.
+    # auto: bfloat16 where the device computes it natively, else float32 (mia.precision); on a
+    # GPU vLLM makes its own choice. Or float32 | bfloat16 | float16 (half precision on a
+    # device without it falls back to float32).
     dtype: str = "auto"
     device: str = "cpu"  # transformers only; vLLM picks its platform itself
     # transformers
