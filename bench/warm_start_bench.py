@@ -4,7 +4,7 @@
     python bench/warm_start_bench.py --home DIR --eval-only
     python bench/warm_start_bench.py --questions 10 --set executor:total_steps=24
 
-1. Builds the warm Executor and Planner (``mia.models.warm_start``) in ``--home`` and times each
+1. Builds the warm Executor and Planner (``mia.apps.warm_start``) in ``--home`` and times each
    (wall and CPU seconds; the load average before and after: on a shared machine other work
    stretches wall time, CPU seconds / cores is what the same work needs on idle cores).
 2. Runs the real agent loop (``ExecutorLoop`` + ``ChatPolicy`` over the in-process local backend
@@ -42,7 +42,7 @@ def _cpu() -> float:
 
 
 def build(role: str, overrides: list[str], base: str | None) -> dict[str, Any]:
-    from mia.models.warm_start import warm_role_dir
+    from mia.apps.warm_start import warm_role_dir
 
     load = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), _cpu()
@@ -143,7 +143,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
 def run_planner(model_dir: Path, questions: list[Any]) -> dict[str, Any]:
     import re
 
-    from mia.data.gold import planner_messages
+    from mia.apps.gold import planner_messages
     from mia.llm.base import SamplingParams
     from mia.llm.local_backend import LocalChat
 
@@ -201,7 +201,7 @@ def main() -> None:
     if "executor" in dirs:
         from local_search import ServeConfig, open_index
         from local_search.server import create_search_app
-        from mia.data.gold import GoldWriter
+        from mia.apps.gold import GoldWriter
         from mia.http import ServerThread
 
         with tempfile.TemporaryDirectory() as tmp:

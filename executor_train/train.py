@@ -10,23 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from executor_train.common import (
-    build_judge,
-    resolve_model,
-    role_main,
-    service_kwargs,
-    trainer_section,
-)
-from executor_train.data import load_samples
 from executor_train.episode import ExecutorEpisode, ExecutorReward
 from mia.agent import load_agent_config
 from mia.errors import MiaError
-from mia.services import MemoryClient
-
-
-def memory_client(services: Mapping[str, Any]) -> MemoryClient | None:
-    url = services.get("memory_url")
-    return MemoryClient(str(url), **service_kwargs(services, "memory")) if url else None
+from mia.roles.common import (
+    build_judge,
+    memory_client,
+    resolve_model,
+    role_main,
+    trainer_section,
+)
+from mia.roles.samples import load_samples
 
 
 def build_trainer(

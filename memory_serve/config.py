@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import config_dir
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "memory"
+CONFIG_DIR = config_dir("memory")
 SELECTION_RULES = ("random", "first", "shortest", "longest", "choice")
 
 

@@ -17,9 +17,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve.cli:main", "Executor service: /execute and /continue (port 5001)"),
     "memory": ("memory_serve.__main__:main", "run the Memory Manager service (memory_serve)"),
     "eval": ("mia.eval.cli:main", "evaluate memory policies (none/plan_only/mia/rag) on a QA set"),
-    "demo": ("mia.demo:main", "the main job: world + services + none vs mia on the embedded model"),
+    "demo": (
+        "mia.apps.demo:main",
+        "the main job: world + services + none vs mia on the embedded model",
+    ),
     "reward-server": ("ttrl_streaming.reward_server:main", "pluggable reward server (port 6000)"),
-    "gold": ("mia.data.gold_cli:main", "gold Executor trajectories + Planner plans (SFT)"),
+    "gold": ("mia.apps.gold_cli:main", "gold Executor trajectories + Planner plans (SFT)"),
 }
 
 

@@ -14,6 +14,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+# The shipped configs/ folder (a sibling of the mia package in the source tree and in editable
+# installs); every loader finds its YAML files under it.
+CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+
+
+def config_dir(*parts: str) -> Path:
+    """``configs/<parts...>`` of the shipped configs."""
+    return CONFIG_ROOT.joinpath(*parts)
+
 
 def mia_home() -> Path:
     """The cache root: ``$MIA_HOME`` or ``~/.cache/mia``."""

@@ -1,8 +1,8 @@
 """``python -m planner_train``: Planner GRPO as a configuration of the engine.
 
 The trained Executor is frozen behind the serve service; every rollout plans, lets the Executor
-run the plan, reflects (yes/no) and may replan once (:mod:`planner_train.episode`); the reward
-is REFERENCE §7.2 (:mod:`planner_train.reward`).
+run the plan, reflects (yes/no) and may replan once (:mod:`mia.planner.episode`); the reward
+is REFERENCE §7.2 (:mod:`mia.planner.reward`).
 """
 
 from __future__ import annotations
@@ -10,28 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from executor_train.common import (
+from mia.errors import MiaError
+from mia.planner.episode import PlannerEpisode
+from mia.planner.reward import PlannerReward
+from mia.roles.common import (
     build_judge,
+    clients,
     resolve_model,
     role_main,
-    service_kwargs,
     trainer_section,
 )
-from executor_train.data import load_samples
-from mia.errors import MiaError
-from mia.services import ExecutorClient, MemoryClient
-from planner_train.episode import PlannerEpisode
-from planner_train.reward import PlannerReward
-
-
-def clients(services: Mapping[str, Any]) -> tuple[ExecutorClient, MemoryClient | None]:
-    """The Executor service (required) and memory_serve (optional) from a ``services`` section."""
-    if not services.get("executor_url"):
-        raise MiaError("set services.executor_url (the serve service, python -m serve)")
-    executor = ExecutorClient(str(services["executor_url"]), **service_kwargs(services, "executor"))
-    url = services.get("memory_url")
-    memory = MemoryClient(str(url), **service_kwargs(services, "memory")) if url else None
-    return executor, memory
+from mia.roles.samples import load_samples
 
 
 def make_episode(cfg: Mapping[str, Any]) -> PlannerEpisode:

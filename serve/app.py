@@ -21,7 +21,7 @@ from mia.agent.config import AgentConfig
 from mia.errors import MiaError
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.llm.base import ChatBackend, LLMError
-from mia.models.vision import ImageError, load_image
+from mia.vision import ImageError, load_image
 
 # ---------------------------------------------------------------------------- wire models
 

@@ -34,8 +34,8 @@ from mia.errors import MiaError
 from mia.http import ServerThread, bind_socket
 from mia.llm.base import ChatResult, SamplingParams
 from mia.llm.scripted import ScriptedChat
-from mia.models.vision import ImageError
 from mia.prompts import executor as prompts
+from mia.vision import ImageError
 
 PASSAGES = [
     (

@@ -38,8 +38,8 @@ from mia.agent.images import (
 )
 from mia.agent.tools import format_passages, format_web_results
 from mia.errors import MiaError
-from mia.models.vision import ImageError
 from mia.prompts import executor as prompts
+from mia.vision import ImageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

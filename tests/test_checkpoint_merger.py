@@ -15,10 +15,10 @@ import torch
 
 from mia.errors import MiaError
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2, tiny_qwen25vl
-from mia.models.vision import expand_image_pads, preprocess_images
 from mia.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mia.rl.model_merger import cli as merger_cli
 from mia.rl.policy import PolicyConfig, PolicyModel
+from mia.vision import expand_image_pads, preprocess_images
 
 REPO = Path(__file__).resolve().parents[1]
 

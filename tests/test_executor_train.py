@@ -22,8 +22,6 @@ from role_fixtures import (
     scores_by_question,
 )
 
-from executor_train.common import compose_role
-from executor_train.data import load_samples
 from executor_train.train import build_trainer
 from local_search import ServeConfig, build_index, open_index
 from local_search.server import create_search_app
@@ -33,6 +31,8 @@ from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
 from mia.prompts import planner as PP
 from mia.rl.trainer import Trainer
+from mia.roles.common import compose_role
+from mia.roles.samples import load_samples
 
 GOLD = {
     "Who founded Vorlanic Institute?": "Kaleth Morvaine",

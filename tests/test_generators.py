@@ -283,7 +283,7 @@ def test_transformers_qwen25vl_images_in_a_mixed_batch(tiny: Tiny) -> None:
     from PIL import Image
 
     from mia.models.tiny import tiny_qwen25vl
-    from mia.models.vision import expand_image_pads, preprocess_images
+    from mia.vision import expand_image_pads, preprocess_images
 
     tok = tiny.tok
     model = tiny_qwen25vl(tok, seed=0)

@@ -19,8 +19,7 @@ from memory_serve.planning import plan_messages
 from memory_serve.records import Retrieval
 from mia.agent import AgentConfig, ChatPolicy, ExecutorLoop, build_tools, check_format
 from mia.agent.tools import QUERY_SEPARATOR, format_passages
-from mia.cli import main as mia_main
-from mia.data.gold import (
+from mia.apps.gold import (
     REFLECTION_DECISION,
     GoldExample,
     GoldReport,
@@ -32,6 +31,7 @@ from mia.data.gold import (
     passage_text,
     write_gold,
 )
+from mia.cli import main as mia_main
 from mia.data.world import World
 from mia.data.world_questions import contains
 from mia.errors import MiaError

@@ -16,8 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
+from mia import vision
 from mia.errors import MiaError
-from mia.models import embedded, tiny, vision
+from mia.models import embedded, tiny
 from mia.models.chat_template import chatml_template
 from mia.models.tiny import (
     build_tokenizer,
@@ -26,7 +27,7 @@ from mia.models.tiny import (
     tiny_qwen25vl,
     tiny_qwen25vl_config,
 )
-from mia.models.vision import (
+from mia.vision import (
     ImageError,
     expand_image_pads,
     load_image,

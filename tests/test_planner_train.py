@@ -26,15 +26,15 @@ from role_fixtures import (
     scores_by_question,
 )
 
-from executor_train.common import compose_role
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.models.tiny import build_tokenizer
+from mia.planner.episode import PlannerEpisode, planner_segments
 from mia.prompts import planner as PP
 from mia.rl.episode import Rollout
+from mia.roles.common import compose_role
 from mia.services import ExecutorClient
 from mia.trace import REVISED_PLAN_MARKER, content_text
-from planner_train.episode import PlannerEpisode, planner_segments
 from planner_train.train import build_trainer
 
 GOLD = {

@@ -102,8 +102,8 @@ def _precision_values(node: object, where: str = "") -> list[tuple[str, str]]:
 
 def _composed_configs() -> dict[str, dict]:
     """Every shipped config, composed the way its entry point composes it."""
-    from executor_train.common import compose_role
     from mia.rl.sft import compose as compose_sft
+    from mia.roles.common import compose_role
 
     out: dict[str, dict] = {}
     roles = {
@@ -186,7 +186,7 @@ def test_consumers_choose_bf16_where_native(bf16_cpu: CpuReport, tmp_path: Path)
 def test_demo_prints_the_precision(avx2: CpuReport) -> None:
     import argparse
 
-    from mia.demo import DemoConfig, role_overrides
+    from mia.apps.demo import DemoConfig, role_overrides
 
     args = argparse.Namespace(
         **{f"{r}_url": None for r in ("executor", "planner", "manager", "judge")},

@@ -188,7 +188,7 @@ def test_vl_ranks_stay_in_step_when_only_one_has_images(groups, tmp_path) -> Non
     from PIL import Image
 
     from mia.models.tiny import tiny_qwen25vl
-    from mia.models.vision import expand_image_pads, preprocess_images
+    from mia.vision import expand_image_pads, preprocess_images
 
     pair, _ = groups
     pair.shutdown()  # free the CPUs for two new actors (this is the module's last Ray test)

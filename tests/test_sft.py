@@ -45,7 +45,7 @@ def one_thread() -> Any:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from local_search import build_index, open_index
-    from mia.data.gold import generate_gold, write_gold
+    from mia.apps.gold import generate_gold, write_gold
     from mia.data.world import World
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
 

@@ -22,9 +22,9 @@ from role_fixtures import (
     reward_service,
 )
 
-from executor_train.common import compose_role
 from mia.errors import MiaError
 from mia.http import ServerThread
+from mia.roles.common import compose_role
 from ttrl_streaming import client as C
 from ttrl_streaming.buffer import RolloutBuffer
 from ttrl_streaming.codec import (

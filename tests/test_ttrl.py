@@ -26,13 +26,13 @@ from role_fixtures import (
     question_of,
 )
 
-from executor_train.common import compose_role
 from mia.judge import PanelJudge
 from mia.judge.vote import majority_vote
 from mia.llm.scripted import ScriptedChat
 from mia.rewards.planner import PlannerEpisodeRecord, planner_format
+from mia.roles.common import compose_role
+from mia.roles.journal import Journal
 from ttrl.curve import format_curve
-from ttrl.journal import Journal
 from ttrl.run import run_ttrl, run_ttrl_pass
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,9 +240,9 @@ def _warm_start(out: Path, questions: list[str]) -> Path:
     from memory_serve.planning import plan_messages
     from mia.agent import TokenPolicy
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
+    from mia.planner.episode import EMPTY_MEMORY
     from mia.rl.episode import collate
     from mia.rl.policy import PolicyModel
-    from planner_train.episode import EMPTY_MEMORY
 
     tok = build_tokenizer()
     base = save_tiny(tiny_qwen2(tok, seed=0), tok, out / "base")

@@ -1,4 +1,4 @@
-"""Warm-started roles (mia.models.warm_start): the cache is atomic and keyed by the recipe.
+"""Warm-started roles (mia.apps.warm_start): the cache is atomic and keyed by the recipe.
 
 A tiny Qwen2 stands in for SmolLM2 (the base model is injectable); the recipe is the real
 ``configs/sft/executor.yaml`` shrunk to a few steps on a small world, so a build takes seconds.
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from mia.apps import warm_start as W
 from mia.errors import MiaError
-from mia.models import warm_start as W
 from mia.rl import sft as S
 
 OVERRIDES = [
@@ -157,7 +157,7 @@ def test_cache_key_is_the_same_in_every_process() -> None:
     import sys
 
     code = (
-        "from mia.models.warm_start import data_fingerprint, recipe_key, warm_recipe;"
+        "from mia.apps.warm_start import data_fingerprint, recipe_key, warm_recipe;"
         "print(data_fingerprint()['gold'], recipe_key(warm_recipe('executor'), {'m': 1}))"
     )
     outs = {

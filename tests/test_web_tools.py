@@ -18,8 +18,8 @@ from fake_serper import FakeSerper, organic
 
 from mia.errors import MiaError
 from mia.http import ServerThread, wait_for_port_file
+from mia.services.web import WebSearchClient, WebSearchError
 from web_tools.cache import cache_key
-from web_tools.client import WebSearchClient, WebSearchError
 from web_tools.config import WebToolsConfig, load_config
 from web_tools.ratelimit import TokenBucket
 from web_tools.serper import (

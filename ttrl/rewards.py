@@ -1,7 +1,7 @@
 """How a TTRL rollout is judged, by mode:
 
 - ``supervised``: the Planner reward (REFERENCE §7.2) against the ground truth with the
-  configured judge (:class:`planner_train.reward.PlannerReward`);
+  configured judge (:class:`mia.planner.reward.PlannerReward`);
 - ``nogt`` + ``panel``: ``0.9*panel_verdict + 0.1*format`` (§7.3), the review panel reads the
   question, the Executor's trace and its final answer (:class:`PanelReward`);
 - ``nogt`` + ``vote``: ``0.9*agrees_with_majority + 0.1*format`` -- majority vote over the final
@@ -20,8 +20,7 @@ from mia.judge.base import Judge
 from mia.judge.vote import majority_vote
 from mia.rewards import NoGTRewardConfig, load_reward_config, nogt_reward
 from mia.rewards.planner import planner_format
-from mia.rl.trainer import RolloutResult
-from ttrl.trainer import group_results
+from mia.rl.trainer import RolloutResult, group_results
 
 MODES = ("supervised", "nogt")
 NOGT_METHODS = ("panel", "vote")

@@ -4,12 +4,12 @@ Per batch of questions (REFERENCE §8, TTRL):
 
 1. memories for every question (memory_serve ``/memory``);
 2. n planner rollouts per question: plan -> the Executor (serve) -> reflect -> optional replan
-   (:class:`planner_train.episode.PlannerEpisode`);
+   (:class:`mia.planner.episode.PlannerEpisode`);
 3. judging: the ground truth (``mode=supervised``), or without it the review panel / majority
    vote (``mode=nogt``, :mod:`ttrl.rewards`);
-4. a GRPO step on the Planner (the engine's, :class:`ttrl.trainer.RoleTrainer`);
+4. a GRPO step on the Planner (the engine's, :class:`mia.rl.trainer.Trainer`);
 5. memory: ``/memory_bank_save`` -> ``/batch_evaluate`` -> ``/consolidate_memories`` ->
-   ``/save_memory`` (:mod:`ttrl.memory`), journaled (:mod:`ttrl.journal`);
+   ``/save_memory`` (:mod:`mia.roles.ttrl_memory`), journaled (:mod:`mia.roles.journal`);
 6. the batch's accuracy row (``accuracy.jsonl`` + ``accuracy.png``).
 
 The Planner update (4) is checkpointed before the memory writes (5) of its batch: the two are
@@ -31,23 +31,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor_train.common import (
+from mia.errors import MiaError
+from mia.planner.reward import PlannerReward
+from mia.rewards.grading import grade
+from mia.rl.trainer import Trainer
+from mia.roles.common import (
     build_judge,
+    clients,
     compose_role,
     resolve_model,
     role_main,
     trainer_section,
 )
-from executor_train.data import load_samples
-from mia.errors import MiaError
-from mia.rewards.grading import grade
-from planner_train.reward import PlannerReward
-from planner_train.train import clients
+from mia.roles.journal import Journal
+from mia.roles.samples import load_samples
+from mia.roles.ttrl_memory import bank_item, check_empty_buffer, commit_batch
 from ttrl import curve
-from ttrl.journal import Journal
-from ttrl.memory import bank_item, check_empty_buffer, commit_batch
 from ttrl.rewards import MODES, NOGT_METHODS, PanelReward, VoteGroupReward, pending_vote
-from ttrl.trainer import RoleTrainer
 
 log = logging.getLogger("ttrl")
 
@@ -181,8 +181,8 @@ class TTRLRun:
             self.panel = build_judge(panel_cfg, cfg.get("llm", "embedded"))
         return PanelReward(self.panel, cfg.get("nogt_reward")), None
 
-    def _trainer(self) -> RoleTrainer:
-        from planner_train.episode import PlannerEpisode
+    def _trainer(self) -> Trainer:
+        from mia.planner.episode import PlannerEpisode
 
         cfg = self.cfg
         model = resolve_model(str(cfg.get("model_path", "")))
@@ -203,7 +203,7 @@ class TTRLRun:
             chat_template_kwargs=cfg.get("chat_template_kwargs") or None,
         )
         reward_fn, group_reward = self._rewards()
-        return RoleTrainer(
+        return Trainer(
             section,
             episode,
             reward_fn,
@@ -231,7 +231,7 @@ class TTRLRun:
             out.append({**s, "memory_context": m.get("context", ""), "memory_ids": ids})
         return out
 
-    def _report_accuracy(self, trainer: RoleTrainer, ok: list[Any]) -> list[float]:
+    def _report_accuracy(self, trainer: Trainer, ok: list[Any]) -> list[float]:
         """Per rollout: the ground-truth verdict on its final answer (reporting only)."""
         if self.mode == "supervised":
             return [float(r.extras.get("acc_final", 0.0)) for r in ok]
@@ -259,7 +259,7 @@ class TTRLRun:
 
     def _row(
         self,
-        trainer: RoleTrainer,
+        trainer: Trainer,
         batch: int,
         samples: list[dict[str, Any]],
         results: list[Any],
@@ -289,7 +289,7 @@ class TTRLRun:
         bank = [bank_item(r.sample, r.trajectory, r.extras, self.mode, batch, r.reward) for r in ok]
         return row, bank
 
-    def _commit(self, trainer: RoleTrainer, batch: int, payload: dict[str, Any]) -> dict[str, Any]:
+    def _commit(self, trainer: Trainer, batch: int, payload: dict[str, Any]) -> dict[str, Any]:
         assert self.memory is not None
         info = commit_batch(
             self.memory,
@@ -314,7 +314,7 @@ class TTRLRun:
         )
         return row
 
-    def _checkpoint_batch(self, trainer: RoleTrainer, path: Path) -> int:
+    def _checkpoint_batch(self, trainer: Trainer, path: Path) -> int:
         state = json.loads((path / "trainer_state.json").read_text())
         return int((state.get("data_state") or {}).get("ttrl_batch", 0))
 
@@ -378,7 +378,7 @@ class TTRLRun:
                     self._crash("after_update", b)
                     last = b == self.n_batches - 1
                     if self.save_every > 0 and ((b + 1) % self.save_every == 0 or last):
-                        trainer.save_state({"ttrl_batch": b + 1})
+                        trainer.save_checkpoint({"ttrl_batch": b + 1})
                         self._crash("after_checkpoint", b)
                     full = self._commit(trainer, b, self.journal.pending(b) or {})
                     ttrl_metrics = {

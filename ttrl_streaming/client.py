@@ -115,7 +115,7 @@ class Session:
 
     # ---- dataset
     def run_dataset(self) -> None:
-        from executor_train.data import load_samples
+        from mia.roles.samples import load_samples
 
         args = self.args
         samples = load_samples(args.data, require_answer=not args.no_register, limit=args.limit)

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mia.errors import MiaError
 from mia.http import ApiError, add_server_args, create_app, run_app
 from mia.judge.base import Judge, JudgeError
-from mia.paths import mia_home
+from mia.paths import CONFIG_ROOT, mia_home
 from mia.rewards.config import NoGTRewardConfig, PlannerRewardConfig, load_reward_config
 from mia.rewards.hooks import (
     DEFAULT_REWARD_FN,
@@ -54,7 +54,7 @@ from mia.rewards.planner import PlannerEpisodeRecord
 
 log = logging.getLogger("ttrl_streaming.reward_server")
 
-REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REPO_CONFIGS = CONFIG_ROOT
 DEFAULT_PORT = 6000
 
 # ----------------------------------------------------------------------------- ground truths

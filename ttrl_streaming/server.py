@@ -43,23 +43,22 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
-from executor_train.common import (
+from mia.errors import MiaError
+from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, add_server_args, create_app, run_app
+from mia.planner.episode import PlannerEpisode
+from mia.planner.reward import PlannerReward, RemoteReward
+from mia.rl.trainer import RolloutResult, Trainer, group_results
+from mia.roles.common import (
     build_judge,
+    clients,
     compose_role,
     resolve_model,
     service_kwargs,
     setup_logging,
     trainer_section,
 )
-from mia.errors import MiaError
-from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, add_server_args, create_app, run_app
-from mia.rl.trainer import RolloutResult
+from mia.roles.ttrl_memory import bank_item, commit_batch
 from mia.services import RewardClient
-from planner_train.episode import PlannerEpisode
-from planner_train.reward import PlannerReward, RemoteReward
-from planner_train.train import clients
-from ttrl.memory import bank_item, commit_batch
-from ttrl.trainer import RoleTrainer, group_results
 from ttrl_streaming.buffer import RolloutBuffer
 from ttrl_streaming.codec import CodecError, as_list, rollouts_from_safetensors
 
@@ -197,7 +196,7 @@ class StreamingServer:
         section["total_steps"] = None
         # The trainer needs a dataset only for its data cursor, which streaming never uses.
         placeholder = [{"question": "-"}] * int(section.get("batch_size", 1))
-        self.trainer = RoleTrainer(section, episode, reward, placeholder, generator=generator)
+        self.trainer = Trainer(section, episode, reward, placeholder, generator=generator)
         self.trainer.total_steps = None  # open-ended: the client decides
         self.target_rows = self.trainer.cfg.batch_size * self.trainer.cfg.n
         self.buffer = RolloutBuffer()
@@ -290,7 +289,7 @@ class StreamingServer:
     def _memory_hooks(self, tag: str, ok: list[RolloutResult]) -> dict[str, Any]:
         if self.memory is None or not ok:
             return {}
-        from ttrl.journal import Journal
+        from mia.roles.journal import Journal
 
         mem = dict(self.cfg.get("memory") or {})
         bank = [bank_item(r.sample, r.trajectory, r.extras, "supervised", 0, r.reward) for r in ok]
@@ -379,7 +378,7 @@ class StreamingServer:
         with self.lock:
             if self.trainer.step < 1:
                 raise ApiError(400, "no update yet: nothing to checkpoint")
-            path = self.trainer.save_state({"stream_samples": self.samples_seen})
+            path = self.trainer.save_checkpoint({"stream_samples": self.samples_seen})
             return {
                 "ok": True,
                 "checkpoint_global_step": self.trainer.step,

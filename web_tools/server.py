@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from mia.http import ApiError, create_app
 from mia.paths import mia_home
+from mia.services.web import DEFAULT_MAX_RESULTS, SearchRequest, SearchResponse
 from web_tools.cache import SearchCache
 from web_tools.config import WebToolsConfig
-from web_tools.models import DEFAULT_MAX_RESULTS, SearchRequest, SearchResponse
 from web_tools.serper import SerperError
 from web_tools.service import SearchService
 

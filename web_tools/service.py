@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
+from mia.services.web import QueryResults, SearchResponse, SearchResult, normalise_query
 from web_tools.cache import SearchCache, cache_key
 from web_tools.config import WebToolsConfig
-from web_tools.models import QueryResults, SearchResponse, SearchResult, normalise_query
 from web_tools.ratelimit import TokenBucket
 from web_tools.serper import RetryPolicy, SerperClient, SerperError, detect_locale, parse_response
 

@@ -1,7 +1,7 @@
 """Images in Executor conversations: loading, resizing, data URLs, content parts.
 
 Question images arrive as bytes, base64 strings, data URLs, paths or PIL images (anything
-:func:`mia.models.vision.load_image` opens). They are resized like the reference's training
+:func:`mia.vision.load_image` opens). They are resized like the reference's training
 pipeline (a fixed square, 448 by default) so training, serving and evaluation feed the model the
 same pixels, and stored in messages as OpenAI ``image_url`` parts holding PNG data URLs, which any
 OpenAI-compatible server (vLLM) accepts and which survive a JSON round trip through the service.
@@ -17,8 +17,8 @@ from typing import Any
 from PIL import Image
 
 from mia.llm.base import Message
-from mia.models.vision import ImageError, ImageSource, load_image
 from mia.prompts.executor import IMAGE_TOKEN
+from mia.vision import ImageError, ImageSource, load_image
 
 IMAGE_FORMATS = ("PNG", "JPEG")
 

@@ -28,9 +28,9 @@ from typing import Any
 
 from mia.errors import MiaError
 from mia.llm.base import Message, SamplingParams
-from mia.models.vision import ImageSource
 from mia.prompts import executor as prompts
 from mia.trace import truncate_words
+from mia.vision import ImageSource
 
 from . import protocol as P
 from .config import AgentConfig

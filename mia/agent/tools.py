@@ -345,7 +345,7 @@ class SearchTool(Tool):
                 lambda: httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
             )
         else:
-            from web_tools.client import WebSearchClient
+            from mia.services.web import WebSearchClient
 
             self._clients = _PerLoop(lambda: WebSearchClient(self.url, token, timeout_s))
 
@@ -385,7 +385,7 @@ class SearchTool(Tool):
         return result
 
     async def _web(self, queries: list[str]) -> list[list[dict[str, Any]]]:
-        from web_tools.client import WebSearchError
+        from mia.services.web import WebSearchError
 
         try:
             return await self._clients.get().search(queries, self.topk)

@@ -31,13 +31,11 @@ from mia.data.world_corpus import (
     sample_queries,
 )
 from mia.data.world_entities import Entity, EntityBuilder
+from mia.data.world_io import DATA_SOURCE, write_world
 from mia.data.world_questions import QUESTION_TYPES, QuestionMaker, TextIndex, question_problems
 from mia.data.world_questions import Question as Question
 from mia.data.world_text import Passage, build_passages
 from mia.errors import MiaError
-
-WORLD_FORMAT_VERSION = 1
-DATA_SOURCE = "mia_world"
 
 
 @dataclass(frozen=True)
@@ -219,8 +217,6 @@ class World:
         self, out_dir: str | Path, log: Callable[[str], None] | None = None
     ) -> dict[str, Any]:
         """Write all files into ``out_dir`` (replaced atomically); returns the manifest."""
-        from mia.data.world_io import write_world
-
         return write_world(self, Path(out_dir), log=log)
 
 

@@ -30,13 +30,13 @@ from mia.paths import atomic_dir
 if TYPE_CHECKING:
     from mia.data.world import Question, World
 
+WORLD_FORMAT_VERSION = 1  # bump when the files a world writes change
+DATA_SOURCE = "mia_world"
 SPLITS = ("train", "test")
 MANIFEST = "world.json"
 
 
 def question_to_item(q: Question, seed: int) -> QAItem:
-    from mia.data.world import DATA_SOURCE
-
     return QAItem(
         id=q.id,
         question=q.question,
@@ -91,8 +91,6 @@ def check_target(out_dir: Path) -> None:
 def write_world(
     world: World, out_dir: Path, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    from mia.data.world import WORLD_FORMAT_VERSION
-
     say = log or (lambda _msg: None)
     check_target(out_dir)
     with atomic_dir(out_dir) as tmp:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import config_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def _judge_config(name: str) -> dict[str, Any]:
 
     from mia.eval.config import resolve_config_path
 
-    folder = Path(__file__).resolve().parents[2] / "configs" / "judge"
+    folder = config_dir("judge")
     data = OmegaConf.to_container(OmegaConf.load(resolve_config_path(name, folder)), resolve=True)
     if not isinstance(data, dict):
         raise MiaError(f"judge config {name}: expected a mapping")

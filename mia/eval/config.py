@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import config_dir
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "eval"
+CONFIG_DIR = config_dir("eval")
 ORDERS = ("online", "batched")
 MODALITIES = ("all", "text-only", "text-image")
 

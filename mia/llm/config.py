@@ -18,10 +18,11 @@ from typing import Any
 
 from mia.errors import MiaError
 from mia.llm.base import ChatBackend, SamplingParams
+from mia.paths import config_dir
 
 ROLES = ("manager", "planner", "executor", "judge")
 BACKENDS = ("openai", "local", "scripted")
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "llm"
+CONFIG_DIR = config_dir("llm")
 
 
 def llm_config_path(name: str | Path) -> Path:

@@ -4,7 +4,7 @@
   cached safetensors folder under ``$MIA_HOME/models/smollm2-135m-instruct``, load it.
 - :mod:`mia.models.tiny` — a Qwen-like tokenizer trained offline and tiny random Qwen2 /
   Qwen2.5-VL models for tests and benchmarks.
-- :mod:`mia.models.vision` — PIL-only Qwen2-VL image preprocessing and ``<|image_pad|>`` expansion.
+- :mod:`mia.models.hf` — load, merge (LoRA) and write Hugging Face model folders.
 - :mod:`mia.models.chat_template` — the ChatML template (tools, tool calls, images) all of them use.
 - :mod:`mia.models.cli` — ``mia models build|path``.
 """

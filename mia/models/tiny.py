@@ -336,9 +336,9 @@ def save_tiny(
 
     Vision models also get a ``preprocessor_config.json`` (Qwen2-VL image processor settings):
     ``processor.save_pretrained`` when one is given, otherwise the defaults of
-    :mod:`mia.models.vision`.
+    :mod:`mia.vision`.
     """
-    from mia.models.vision import image_processor_config
+    from mia.vision import image_processor_config
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

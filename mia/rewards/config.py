@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mia.errors import MiaError
+from mia.paths import config_dir
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "reward"
+CONFIG_DIR = config_dir("reward")
 
 DEFAULT_TOOL_NAMES = ("search", "web_image_to_image_search")
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import config_dir
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "rl"
+CONFIG_DIR = config_dir("rl")
 ENTRY_KEYS = ("episode", "episode_kwargs", "reward", "data")
 
 

@@ -28,13 +28,19 @@ from typing import Any
 import torch
 
 from mia.errors import MiaError
+from mia.models.hf import (
+    ModelFolderError,
+    build_model,
+    load_hf_model,
+    merge_lora_state_dict,
+    write_hf_folder,
+)
 
 MODEL_PREFIX = "model."  # checkpoint.py saves {"model": ..., "optim": ...}; DCP flattens with dots
 _SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class CheckpointError(MiaError):
+class CheckpointError(ModelFolderError):
     """A checkpoint that is missing, incomplete or corrupt."""
 
 
@@ -153,130 +159,6 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-# ----------------------------------------------------------------------------- LoRA
-
-
-def merge_lora_state_dict(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """PEFT-named weights with LoRA adapters -> plain HF names with W += scaling * B @ A."""
-    if any("lora_embedding" in k or "lora_magnitude" in k for k in sd):
-        raise CheckpointError(
-            "only LoRA on linear layers can be merged (no embedding LoRA or DoRA)"
-        )
-    base: dict[str, torch.Tensor] = {}
-    a_mats: dict[str, torch.Tensor] = {}
-    b_mats: dict[str, torch.Tensor] = {}
-    for key, value in sd.items():
-        if ".lora_A." in key:
-            a_mats[key.split(".lora_A.")[0]] = value
-        elif ".lora_B." in key:
-            b_mats[key.split(".lora_B.")[0]] = value
-        else:
-            base[key] = value
-    for module, a in a_mats.items():
-        wkey = f"{module}.base_layer.weight"
-        if wkey not in base or module not in b_mats:
-            raise CheckpointError(f"LoRA adapter {module} has no matching base weight or B matrix")
-        w = base[wkey]
-        base[wkey] = (w.float() + scaling * (b_mats[module].float() @ a.float())).to(w.dtype)
-    prefix = "base_model.model."
-    out = {}
-    for key, value in base.items():
-        key = key[len(prefix) :] if key.startswith(prefix) else key
-        out[key.replace(".base_layer.", ".")] = value
-    return out
-
-
-# ----------------------------------------------------------------------------- writing HF folders
-
-
-def _auto_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    return (
-        AutoModelForImageTextToText
-        if getattr(config, "vision_config", None) is not None
-        else AutoModelForCausalLM
-    )
-
-
-def _target_dtype(config: Any, dtype: str) -> torch.dtype:
-    if dtype == "auto":
-        name = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32"
-        name = str(name).replace("torch.", "")
-        return _DTYPES.get(name, torch.float32)
-    if dtype not in _DTYPES:
-        raise MiaError(f"unknown dtype {dtype!r} (auto, {', '.join(_DTYPES)})")
-    return _DTYPES[dtype]
-
-
-def build_model(
-    state_dict: dict[str, torch.Tensor],
-    hf_src: str | Path,
-    dtype: str = "auto",
-    trust_remote_code: bool = False,
-    tie_word_embedding: bool | None = None,
-) -> Any:
-    """Instantiate the saved architecture and fill it with ``state_dict`` (no random init)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(hf_src), trust_remote_code=trust_remote_code)
-    if tie_word_embedding is not None:
-        config.tie_word_embeddings = tie_word_embedding
-        if hasattr(config, "get_text_config"):
-            config.get_text_config().tie_word_embeddings = tie_word_embedding
-    target = _target_dtype(config, dtype)
-    from accelerate import init_empty_weights
-
-    # Parameters on the meta device (no random init, no memory); buffers such as rotary
-    # frequencies are still computed for real since no state dict holds them.
-    with init_empty_weights(include_buffers=False):
-        model = _auto_class(config).from_config(config, trust_remote_code=trust_remote_code)
-    result = model.load_state_dict(state_dict, strict=False, assign=True)
-    tied = _tied_keys(model)
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing:
-        raise CheckpointError(
-            f"checkpoint lacks {len(missing)} weight(s) of the model, e.g. {missing[0]}"
-        )
-    if result.unexpected_keys:
-        raise CheckpointError(
-            f"checkpoint has {len(result.unexpected_keys)} weight(s) the model does not, "
-            f"e.g. {result.unexpected_keys[0]}"
-        )
-    model.tie_weights()
-    return model.to(target).eval()
-
-
-def _tied_keys(model: Any) -> set[str]:
-    if not getattr(model.config.get_text_config(), "tie_word_embeddings", False) and not getattr(
-        model.config, "tie_word_embeddings", False
-    ):
-        return set()
-    tied = getattr(model, "_tied_weights_keys", None) or {}
-    return set(tied) if isinstance(tied, dict | list | set | tuple) else set()
-
-
-def write_hf_folder(
-    state_dict: dict[str, torch.Tensor],
-    hf_src: str | Path,
-    target_dir: str | Path,
-    dtype: str = "auto",
-    trust_remote_code: bool = False,
-    tie_word_embedding: bool | None = None,
-) -> Path:
-    """Write a complete HF folder (weights + config + tokenizer/processor) atomically."""
-    from mia.paths import atomic_dir
-
-    hf_src = Path(hf_src)
-    model = build_model(state_dict, hf_src, dtype, trust_remote_code, tie_word_embedding)
-    with atomic_dir(target_dir) as tmp:
-        for f in hf_src.iterdir():  # tokenizer, processor, chat template, ...
-            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json", ".pt")):
-                (tmp / f.name).write_bytes(f.read_bytes())
-        model.save_pretrained(str(tmp))  # rewrites config.json / generation_config.json
-    return Path(target_dir)
-
-
 # ----------------------------------------------------------------------------- commands
 
 
@@ -293,8 +175,6 @@ def compare(
     local_dir: str | Path, test_hf_dir: str | Path, atol: float = 1e-6, **kwargs: Any
 ) -> int:
     """Compare merged checkpoint weights with a reference HF folder; returns tensors compared."""
-    from mia.rl.policy import load_hf_model
-
     local_dir = Path(local_dir)
     sd = load_model_state_dict(local_dir)
     hf_src = _dcp_dir(local_dir).parent / "huggingface"

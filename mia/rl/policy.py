@@ -39,6 +39,7 @@ import torch
 
 from mia import precision
 from mia.errors import MiaError
+from mia.models.hf import is_vision_config, load_hf_model, merge_lora_state_dict, write_hf_folder
 from mia.rl import dist as D
 from mia.rl.grpo import (
     aggregate,
@@ -260,19 +261,6 @@ def restrict_trainable(module: torch.nn.Module, patterns: list[str]) -> int:
     if not kept:
         raise MiaError(f"policy.trainable {patterns} matches no trainable parameter")
     return kept
-
-
-def is_vision_config(config: Any) -> bool:
-    return getattr(config, "vision_config", None) is not None
-
-
-def load_hf_model(path: str | Path, trust_remote_code: bool = False, **kwargs: Any) -> Any:
-    """An HF model from a folder: image-text-to-text for VL configs, else a causal LM."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    auto = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
-    return auto.from_pretrained(str(path), trust_remote_code=trust_remote_code, **kwargs)
 
 
 class PolicyModel:
@@ -705,15 +693,11 @@ class PolicyModel:
         if self.dist.rank != 0:
             return {}
         if self.use_lora:
-            from mia.rl.model_merger import merge_lora_state_dict
-
             sd = merge_lora_state_dict(sd, self.cfg.lora.alpha / self.cfg.lora.rank)
         return sd
 
     def export_hf(self, out_dir: str | Path, dtype: str = "auto") -> Path | None:
         """Write a Hugging Face folder of the current weights (collective; rank 0 writes)."""
-        from mia.rl.model_merger import write_hf_folder
-
         sd = self.state_dict_for_export()
         out = None
         if self.dist.rank == 0:

@@ -40,14 +40,14 @@ import numpy as np
 import torch
 
 from mia.errors import MiaError
-from mia.paths import atomic_write_text
+from mia.paths import CONFIG_ROOT, atomic_write_text
 from mia.rl.metrics import LoggingConfig, MetricsLogger
 from mia.rl.policy import PolicyConfig, config_from_dict, plain_config
 from mia.rl.workers import WorkersConfig
 
 log = logging.getLogger("mia.rl.sft")
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = CONFIG_ROOT
 SUMMARY_FILE = "sft.json"
 EMBEDDED = "embedded"  # model_path value for the built-in SmolLM2
 Log = Callable[[str], None]
@@ -58,7 +58,7 @@ Log = Callable[[str], None]
 
 @dataclass
 class GoldWorldConfig:
-    """Gold transcripts of a synthetic world (:mod:`mia.data.gold`), used when ``data.train``
+    """Gold transcripts of a synthetic world (:mod:`mia.apps.gold`), used when ``data.train``
     is unset. ``plan``: the Executor prompt with the gold plan (``with``), without (``without``)
     or one conversation of each (``both``, so the model serves with and without a Planner)."""
 
@@ -260,7 +260,7 @@ class SftRun:
         if d.train:
             rows = load_rows(d.train)
         else:
-            from mia.models.warm_start import gold_world_file
+            from mia.apps.warm_start import gold_world_file
 
             rows = load_rows(gold_world_file(d.gold_world, say=self.say))
         val_rows = load_rows(d.val) if d.val else []

@@ -56,6 +56,9 @@ from mia.rl.workers import WorkersConfig
 log = logging.getLogger("mia.rl.trainer")
 
 RewardFn = Callable[[Mapping[str, Any], Any], Any]  # -> float | (float, dict) | awaitable
+# group_reward(results): rescores one collection's results in place (sync or async), e.g. a
+# majority vote over each group of n rollouts when there is no ground truth.
+GroupReward = Callable[[list["RolloutResult"]], Any]
 OLD_LOGPROB_MODES = ("recompute", "rollout")
 SYNC_MODES = ("state_dict", "folder")
 ROLLOUT_ERROR_MODES = ("raise", "drop")
@@ -262,10 +265,10 @@ class Trainer:
     :meth:`note`, :meth:`run_async`, :meth:`sync_weights`, :meth:`save_checkpoint`,
     :meth:`setup` / :meth:`close`. ``step`` is the number of learning steps taken.
 
-    Extension point for subclasses: override ``async _after_rollouts(results)``, called on the
-    results of every collection (training and validation) once all their rewards are in and
-    before anything reads them; it may rescore them in place (e.g. a majority vote over each
-    group). The default does nothing.
+    ``group_reward(results)`` (optional, sync or async): called on the results of every
+    collection (training and validation) once all their per-rollout rewards are in and before
+    anything reads them; it may rescore them in place (e.g. a majority vote over each group of
+    ``n`` rollouts when there is no ground truth, :mod:`ttrl.rewards`).
     """
 
     def __init__(
@@ -277,6 +280,7 @@ class Trainer:
         *,
         val_dataset: Sequence[Mapping[str, Any]] | None = None,
         generator: Any = None,
+        group_reward: GroupReward | None = None,
     ) -> None:
         self.cfg = TrainerConfig.from_dict(cfg)
         if not callable(getattr(episode, "run", None)):
@@ -285,6 +289,7 @@ class Trainer:
             raise MiaError("reward_fn must be callable: reward_fn(sample, trajectory)")
         self.episode = episode
         self.reward_fn = reward_fn
+        self.group_reward = group_reward
         self.dataset = dataset
         self.val_dataset = val_dataset
         self.run_dir = self._resolve_run_dir()
@@ -425,8 +430,15 @@ class Trainer:
         self.sync_weights()  # the generator still holds the starting weights
         return str(info["path"])
 
-    def save_checkpoint(self) -> Path:
-        data_state = {**self.data.state(), "seed": self.data.seed, "trainer_step": self.step}
+    def save_checkpoint(self, data_state: Mapping[str, Any] | None = None) -> Path:
+        """A checkpoint of the current step. ``data_state``: the caller's data position (a
+        loop that feeds its own samples, e.g. TTRL's batch or the streaming server's count);
+        default: this trainer's own cursor."""
+        if data_state is None:
+            data_state = {**self.data.state(), "seed": self.data.seed}
+        else:
+            data_state = {"epoch": 0, "cursor": 0, "seed": self.cfg.seed, **dict(data_state)}
+        data_state = {**data_state, "trainer_step": self.step}
         return self.policy.save_checkpoint(
             self.ckpt_dir, step=self.step, data_state=data_state, keep_last=self.cfg.keep_last
         )
@@ -629,10 +641,6 @@ class Trainer:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
         self._weights_dir = folder
 
-    async def _after_rollouts(self, results: list[RolloutResult]) -> None:
-        """Extension point (see the class docstring): rescore a collection in place once all
-        its rewards are in. Default: nothing."""
-
     async def _collect(
         self,
         samples: Sequence[Mapping[str, Any]],
@@ -642,7 +650,8 @@ class Trainer:
         phase: str,
     ) -> list[RolloutResult]:
         results = await self._rollouts(samples, n, sampling, step, phase)
-        await self._after_rollouts(results)
+        if self.group_reward is not None:
+            await _maybe_await(self.group_reward(results))
         return results
 
     async def _rollouts(
@@ -814,6 +823,14 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def group_results(results: Sequence[RolloutResult]) -> dict[str, list[RolloutResult]]:
+    """Results per group id, groups and rollouts in order."""
+    groups: dict[str, list[RolloutResult]] = {}
+    for r in results:
+        groups.setdefault(r.group, []).append(r)
+    return groups
 
 
 def _pad_id(generator: Any) -> int:

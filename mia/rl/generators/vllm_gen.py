@@ -235,7 +235,7 @@ class VLLMGenerator:
         with self._update_lock:
             written = None
             if state_dict is not None:
-                from mia.rl.model_merger import write_hf_folder
+                from mia.models.hf import write_hf_folder
 
                 written = self.run_dir / "weights" / f"v{self.weight_version + 1:06d}"
                 write_hf_folder(state_dict, self.model_path, written)

@@ -20,7 +20,7 @@ index, and never paraphrases a tool result:
   assistant(plan)]`` and a reflection chat that continues it with the judge prompt over the gold
   trace and answers ``no`` (the Executor was right).
 
-    from mia.data.gold import build_gold, write_gold, load_gold
+    from mia.apps.gold import build_gold, write_gold, load_gold
     examples = build_gold(world, "indexes/w0-bm25", split="train", image_cache_root="w0/image_cache")
     write_gold("gold.jsonl", examples)
 """

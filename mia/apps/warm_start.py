@@ -13,7 +13,7 @@ concurrent callers build once. ``key`` hashes the recipe (the composed SFT confi
 it runs and logs), the data version (world format, :data:`WARM_DATA_VERSION`, the prompt and
 gold phrase tables) and the base model's marker: a changed recipe gets a new folder.
 
-    from mia.models.warm_start import warm_executor_dir, warm_planner_dir
+    from mia.apps.warm_start import warm_executor_dir, warm_planner_dir
     LocalChat(warm_executor_dir())
 """
 
@@ -93,8 +93,8 @@ def _constants(module: Any) -> dict[str, Any]:
 def data_fingerprint() -> dict[str, Any]:
     """What the gold data depends on beyond the recipe: the world format, the prompts the agent
     loop and the Planner render, the gold phrase tables, and :data:`WARM_DATA_VERSION`."""
-    from mia.data import gold
-    from mia.data.world import WORLD_FORMAT_VERSION
+    from mia.apps import gold
+    from mia.data.world_io import WORLD_FORMAT_VERSION
     from mia.prompts import executor, planner
 
     return {
@@ -140,7 +140,7 @@ def gold_world_file(
     """The gold transcripts of a synthetic world as a JSONL file, built once and cached.
 
     ``$MIA_HOME/data/gold/w<seed>-<size>-<split>-<key>.jsonl``. Each row is a
-    :class:`mia.data.gold.GoldExample` plus ``variant`` (``plan`` / ``no_plan``); with
+    :class:`mia.apps.gold.GoldExample` plus ``variant`` (``plan`` / ``no_plan``); with
     ``plan: both`` a question has one row of each (same ``id``).
     """
     from mia.rl.policy import config_from_dict
@@ -167,7 +167,7 @@ def gold_world_file(
 def _build_gold(cfg: GoldWorldConfig, root: Path, emit: Log) -> list[dict[str, Any]]:
     from local_search import build_index, open_index
     from mia.agent import AgentConfig
-    from mia.data.gold import generate_gold
+    from mia.apps.gold import generate_gold
     from mia.data.world import World
 
     t0 = time.monotonic()
@@ -364,11 +364,11 @@ def _build(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m mia.models.warm_start [ROLE ...] [--force] [--set KEY=VALUE ...]``: build (or
+    """``python -m mia.apps.warm_start [ROLE ...] [--force] [--set KEY=VALUE ...]``: build (or
     find) the warm-started folders and print their paths."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m mia.models.warm_start", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m mia.apps.warm_start", description=main.__doc__)
     p.add_argument("roles", nargs="*", default=list(ROLES), help="executor and/or planner")
     p.add_argument("--force", action="store_true", help="rebuild even a valid cache")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -4,7 +4,7 @@
 rollout per question under each selection rule, JSONL files) -> ``/consolidate_memories`` (the
 best correct and one incorrect rollout per question become memories, plus a plan pair) ->
 ``/save_memory`` (a copy of the store in the run folder). Phases are journaled
-(:mod:`ttrl.journal`) so a resumed run never repeats a write.
+(:mod:`mia.roles.journal`) so a resumed run never repeats a write.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mia.errors import MiaError
+from mia.roles.journal import Journal
 from mia.services import MemoryClient
 from mia.trace import content_text
-from ttrl.journal import Journal
 
 log = logging.getLogger("ttrl")
 

