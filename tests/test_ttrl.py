@@ -240,7 +240,7 @@ def _warm_start(out: Path, questions: list[str]) -> Path:
     from memory_serve.planning import plan_messages
     from mia.agent import TokenPolicy
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
-    from mia.planner.episode import EMPTY_MEMORY
+    from mia.planner.prompts import EMPTY_MEMORY
     from mia.rl.episode import collate
     from mia.rl.policy import PolicyModel
 

@@ -321,8 +321,8 @@ class PlannerFlow:
     async def _plan(self, run: PlannerRun) -> State:
         if not await self.planner.plan(run):
             raise MiaError(
-                f"the plan prompt of {run.data_id or run.question[:40]!r} leaves the Planner "
-                "no room to generate"
+                f"the plan prompt of {run.data_id or run.question[:40]!r} leaves no room to "
+                "generate (the Planner's context is full)"
             )
         return State.EXECUTE
 
