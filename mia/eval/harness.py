@@ -29,11 +29,11 @@ from typing import Any
 
 from mia.data.formats import QAItem
 from mia.errors import MiaError
-from mia.eval.clients import RequestFailed, ServiceClient
 from mia.eval.config import EvalConfig
 from mia.eval.journal import RunJournal, fault_point
 from mia.eval.policies import FlowContext, PolicySpec, memory_item, run_question, spec
 from mia.judge import Judge
+from mia.services import ExecutorClient, MemoryClient, RequestFailed
 
 log = logging.getLogger("mia.eval")
 Log = Callable[[str], None]
@@ -309,11 +309,11 @@ class _Runner:
             await self._flush(rows)
 
 
-async def _preflight(serve: ServiceClient, memory: ServiceClient | None, p: PolicySpec) -> None:
-    await serve.health()
+async def _preflight(serve: ExecutorClient, memory: MemoryClient | None, p: PolicySpec) -> None:
+    await serve.check_health()
     if memory is None:
         return
-    await memory.health()
+    await memory.check_health()
     stats = await memory.get("/stats")
     mode = stats.get("compress_mode") if isinstance(stats, dict) else None
     if p.compress_mode is not None and mode != p.compress_mode:
@@ -361,9 +361,11 @@ async def run_policy(
         "question_ids_sha": _ids_sha(items),
         "questions": len(items),
     }
-    serve = ServiceClient("serve", endpoints.serve, endpoints.serve_token, cfg.request_timeout_s)
+    serve = ExecutorClient(
+        endpoints.serve, token=endpoints.serve_token, timeout_s=cfg.request_timeout_s
+    )
     memory = (
-        ServiceClient("memory_serve", memory_url, endpoints.memory_token, cfg.request_timeout_s)
+        MemoryClient(memory_url, token=endpoints.memory_token, timeout_s=cfg.request_timeout_s)
         if memory_url
         else None
     )

@@ -1,4 +1,4 @@
-"""Memory policies and the per-question flow (REFERENCE §8, "Inference, MIA without TTRL").
+"""Memory policies of ``mia eval``: which Planner the one flow (:mod:`mia.planner.flow`) runs.
 
 | policy      | plan                               | reflection + replan | memory written        |
 |-------------|------------------------------------|---------------------|-----------------------|
@@ -14,9 +14,12 @@ first question (empty memory) gets no guide at all, exactly as ``none``. No plan
 involved. Finished trajectories are stored uncompressed: memory_serve must run with
 ``compress.mode=identity`` (the harness checks).
 
-One question: plan -> ``/execute`` -> (planner policies, when the Executor gave a final reply)
-``/judge_replan`` -> if yes ``/replan`` + ``/continue`` (at most once) -> judge. The memory
-write is the harness's job (its timing is what ``online`` and ``batched`` orders differ in).
+One question: the flow (PLAN via memory_serve ``/plan`` -> EXECUTE via serve ``/execute`` ->
+REFLECT via ``/judge_replan`` -> REPLAN via ``/replan`` -> CONTINUE via ``/continue``, at most
+once) -> the judge. The Planner reflects on every Executor run, as in Planner training. A
+planner step that memory_serve answers ``502 llm_empty`` (no plan, no yes/no) is skipped and
+recorded in ``planner_errors``. The memory write is the harness's job (its timing is what
+``online`` and ``batched`` orders differ in).
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mia.data.formats import QAItem
-from mia.eval.clients import RequestFailed, ServiceClient
 from mia.judge import Judge, JudgeError
+from mia.planner.flow import FlowConfig, Planner, PlannerFlow, Task
+from mia.planner.planners import GuidePlanner, NoPlanner, RemotePlanner
+from mia.services import ExecutorClient, MemoryClient, RequestFailed
 from mia.trace import content_text, format_trace
 
 POLICIES = ("none", "plan_only", "mia", "rag")
-FINAL_STOPS = ("answer", "length")  # the Executor ended with a reply the planner can judge
 
 
 @dataclass(frozen=True)
@@ -70,12 +74,26 @@ class FlowContext:
     """What every question of one policy run shares."""
 
     policy: PolicySpec
-    serve: ServiceClient
-    memory: ServiceClient | None
+    serve: ExecutorClient
+    memory: MemoryClient | None
     judge: Judge
     top_k: int | None = None  # None: memory_serve's default
     replan_top_k: int = 0
     reflect: bool = True
+
+    def planner(self) -> Planner:
+        p = self.policy
+        if p.planner:
+            assert self.memory is not None
+            top_k = self.top_k if p.retrieve else 0
+            return RemotePlanner(self.memory, top_k, self.replan_top_k, skip_empty=True)
+        if p.retrieve:
+            assert self.memory is not None
+            return GuidePlanner(self.memory, self.top_k)
+        return NoPlanner()
+
+    def flow(self) -> PlannerFlow:
+        return PlannerFlow(self.planner(), self.serve, FlowConfig(reflect=self.reflect))
 
 
 # ----------------------------------------------------------------------------- messages
@@ -95,16 +113,6 @@ def history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Executor chat after its first user prompt: what traces and memories are made of."""
     first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages))
     return messages[first + 1 :]
-
-
-def _b64(images: list[bytes]) -> list[str] | None:
-    return [base64.b64encode(b).decode("ascii") for b in images] or None
-
-
-def _opt(payload: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    if value is not None:
-        payload[key] = value
-    return payload
 
 
 # ----------------------------------------------------------------------------- one question
@@ -146,98 +154,49 @@ async def run_question(item: QAItem, index: int, ctx: FlowContext) -> dict[str, 
 
 async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
     p = ctx.policy
-    caption = item.image_caption or None
-    query: dict[str, Any] = {"question": item.question, "data_id": item.id}
-    _opt(query, "image_caption", caption)
-    plan, plan_messages, planner = "", None, None
-    used: list[int] = []
-    context = None
-    if p.planner:
-        assert ctx.memory is not None
-        req = (
-            dict(query, mem_top_k=0)
-            if not p.retrieve
-            else _opt(dict(query), "mem_top_k", ctx.top_k)
-        )
-        planned = await ctx.memory.post("/plan", req)
-        plan, plan_messages = planned["plan"], planned["messages"]
-        used, planner = list(planned["memory_ids"]), planned["planner"]
-    elif p.retrieve:
-        assert ctx.memory is not None
-        found = await ctx.memory.post("/memory", _opt(dict(query), "mem_top_k", ctx.top_k))
-        used = list(found["positive_ids"]) + list(found["negative_ids"])
-        # An empty memory gives no guide at all (the first question runs as `none`).
-        context = found["context"] if used else ""
-        plan = context
-
-    images = _b64(item.images)
-    execute = {"question": item.question, "plan": plan, "data_id": item.id}
-    _opt(execute, "images", images)
-    _opt(execute, "image_caption", caption)
-    first = await ctx.serve.post("/execute", execute)
-    final = first
-    calls = list(first["tool_calls"])
-    turns = int(first["turns"])
-    prompt_tokens = int(first["usage"]["prompt_tokens"])
-    completion_tokens = int(first["usage"]["completion_tokens"])
-    need_replan, replan, replanned = None, None, False
-
-    if p.planner and ctx.reflect and plan_messages and first["stop_reason"] in FINAL_STOPS:
-        assert ctx.memory is not None
-        judged = await ctx.memory.post(
-            "/judge_replan",
-            {"workflow": first["trace"], "past_messages": plan_messages, "memory_ids": used},
-        )
-        need_replan = bool(judged["need_replan"])
-        if need_replan:
-            replanned_req = dict(query, past_messages=judged["messages"])
-            replanned_req["mem_top_k"] = ctx.replan_top_k
-            replan = (await ctx.memory.post("/replan", replanned_req))["replan"]
-            if replan.strip():
-                cont = {
-                    "question": item.question,
-                    "data_id": item.id,
-                    "messages": first["messages"],  # images are inline in the messages
-                    "replan": replan,
-                }
-                final = await ctx.serve.post("/continue", cont)
-                replanned = True
-                calls += list(final["tool_calls"])
-                turns += int(final["turns"])
-                prompt_tokens += int(final["usage"]["prompt_tokens"])
-                completion_tokens += int(final["usage"]["completion_tokens"])
-
-    messages = text_messages(final["messages"])
+    task = Task(
+        question=item.question,
+        data_id=item.id,
+        images=[base64.b64encode(b).decode("ascii") for b in item.images],
+        image_caption=item.image_caption or None,
+        modality=item.modality,
+    )
+    run = await ctx.flow().run(task)
+    usage = run.usage()
+    messages = text_messages(run.executor_messages)
     trace = format_trace(item.question, history(messages))
-    prediction = final["answer"]
+    prediction = run.final_answer
     verdict = await ctx.judge.grade(
         item.question, prediction, list(item.answers) or None, trajectory=trace
     )
+    tool_errors = [e for r in run.executor_runs() for e in r.get("tool_errors") or []]
     return {
         "prediction": prediction,
-        "first_answer": first["answer"],
+        "first_answer": run.answer_first,
         "judgement": verdict.to_dict(),
         "correct": verdict.correct,
-        "plan": plan if p.planner else None,
-        "context": context,
-        "planner": planner,
-        "need_replan": need_replan,
-        "replan": replan,
-        "replanned": replanned,
-        "used_memory_ids": used,
+        "plan": run.plan if p.planner else None,
+        "context": run.memory_context if p.retrieve and not p.planner else None,
+        "planner": run.planner or None,
+        "need_replan": run.need_replan,
+        "replan": run.replan if run.replan_raw is not None else None,
+        "replanned": run.replanned,
+        "planner_errors": list(run.planner_errors),  # planner steps skipped: no plan / no decision
+        "states": list(run.states),
+        "planner_messages": text_messages(run.messages),
+        "used_memory_ids": list(run.memory_ids),
         "trace": trace,
         "messages": messages,
-        "turns": turns,
-        "tool_calls": calls,
-        "tool_call_count": len(calls),
-        "tool_errors": list(first["tool_errors"])
-        + (list(final["tool_errors"]) if replanned else []),
+        "turns": usage["turns"],
+        "tool_calls": usage["tool_calls"],
+        "tool_call_count": len(usage["tool_calls"]),
+        "tool_errors": tool_errors,
         "tokens": {
-            "prompt": prompt_tokens,
-            "completion": completion_tokens,
-            "total": prompt_tokens + completion_tokens,
+            "prompt": usage["prompt"],
+            "completion": usage["completion"],
+            "total": usage["prompt"] + usage["completion"],
         },
-        "stop_reason": final["stop_reason"],
+        "stop_reason": run.executor.get("stop_reason"),
     }
 
 

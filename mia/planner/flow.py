@@ -129,6 +129,7 @@ class PlannerRun:
     final: dict[str, Any] | None = None
     stop_reason: str = ""
     states: list[str] = field(default_factory=list)
+    planner_errors: list[str] = field(default_factory=list)  # planner steps that gave nothing
     conversation: Any = None  # mia.agent.Trajectory in token mode
     group: str = ""  # GRPO group id and index (training)
     index: int = 0

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -21,7 +21,7 @@ from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.planner import prompts as PP
 from mia.planner.flow import PlannerRun
-from mia.services import MemoryClient
+from mia.services import MemoryClient, RequestFailed
 
 # Segment kinds of the Planner's injected turns (token view).
 JUDGE_TURN = "judge_prompt"
@@ -184,18 +184,43 @@ class RemotePlanner:
     reflects = True
 
     def __init__(
-        self, memory: MemoryClient, top_k: int | None = None, replan_top_k: int = 0
+        self,
+        memory: MemoryClient,
+        top_k: int | None = None,
+        replan_top_k: int = 0,
+        *,
+        skip_empty: bool = False,
     ) -> None:
         self.memory = memory
         self.top_k = top_k
         self.replan_top_k = replan_top_k
+        self.skip_empty = skip_empty
         self.name = "remote"
+
+    async def _step(
+        self, run: PlannerRun, call: Awaitable[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """A route's answer; with ``skip_empty``, None when the Planner LLM gave nothing usable
+        (``502 llm_empty``: no plan, no yes/no), recorded in ``run.planner_errors`` (a greedy
+        model would say nothing again)."""
+        try:
+            return await call
+        except RequestFailed as err:
+            if not self.skip_empty or err.code != "llm_empty":
+                raise
+            run.planner_errors.append(" ".join(str(err).split()))
+            return None
 
     async def plan(self, run: PlannerRun) -> bool:
         t = run.task
-        out = await self.memory.plan(
-            t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=self.top_k
+        out = await self._step(
+            run,
+            self.memory.plan(
+                t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=self.top_k
+            ),
         )
+        if out is None:  # the Executor goes without a guide
+            return True
         run.plan, run.messages = str(out["plan"]), list(out["messages"])
         run.plan_raw = _last_reply(run.messages, run.plan)
         run.memory_ids = [int(i) for i in out.get("memory_ids") or []]
@@ -204,7 +229,11 @@ class RemotePlanner:
         return True
 
     async def reflect(self, run: PlannerRun, trace: str) -> bool:
-        out = await self.memory.judge_replan(trace, run.messages, run.memory_ids)
+        if not run.messages:  # no plan conversation to reflect in
+            return True
+        out = await self._step(run, self.memory.judge_replan(trace, run.messages, run.memory_ids))
+        if out is None:
+            return True
         run.messages = list(out["messages"])
         run.need_replan = bool(out["need_replan"])
         run.decision_raw = _last_reply(run.messages, str(out.get("decision", "")))
@@ -212,13 +241,18 @@ class RemotePlanner:
 
     async def replan(self, run: PlannerRun) -> bool:
         t = run.task
-        out = await self.memory.replan(
-            t.question,
-            run.messages,
-            image_caption=t.image_caption,
-            data_id=t.data_id,
-            top_k=self.replan_top_k,
+        out = await self._step(
+            run,
+            self.memory.replan(
+                t.question,
+                run.messages,
+                image_caption=t.image_caption,
+                data_id=t.data_id,
+                top_k=self.replan_top_k,
+            ),
         )
+        if out is None:
+            return True
         run.messages = list(out["messages"])
         run.replan = str(out["replan"])
         run.replan_raw = _last_reply(run.messages, run.replan)

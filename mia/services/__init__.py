@@ -13,16 +13,22 @@ from mia.services.base import (
     DEFAULT_TIMEOUT_S,
     ExecutorClient,
     MemoryClient,
+    RequestFailed,
     RewardClient,
+    RouteMissing,
     ServiceClient,
     ServiceError,
+    ServiceUnavailable,
 )
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ExecutorClient",
     "MemoryClient",
+    "RequestFailed",
     "RewardClient",
+    "RouteMissing",
     "ServiceClient",
     "ServiceError",
+    "ServiceUnavailable",
 ]

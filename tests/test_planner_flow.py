@@ -1,0 +1,126 @@
+"""One Planner flow: the same scripted question through evaluation (memory_serve's Planner,
+chat) and through a Planner GRPO episode (the trainable policy, token-exact) gives identical
+prompts, replies and state transitions -- evaluation cannot drift from training."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from role_fixtures import ScriptedGenerator, executor_service, memory_service, replan_of
+
+from mia.data.formats import QAItem
+from mia.eval.policies import FlowContext, run_question, spec
+from mia.judge import RuleJudge
+from mia.llm.base import SamplingParams
+from mia.llm.scripted import ScriptedChat
+from mia.models.tiny import build_tokenizer
+from mia.planner.episode import PlannerEpisode
+from mia.planner.flow import FlowConfig, PlannerFlow, State, Task
+from mia.planner.planners import NoPlanner
+from mia.rl.episode import Rollout
+from mia.services import ExecutorClient, MemoryClient
+
+QUESTION = "Who founded Vorlanic Institute?"
+ANSWER = "Kaleth Morvaine"
+PLAN = "<think>memories: none</think>\n1. Guess the founder."
+DECISION = "<think>the answer is a guess</think>\nyes"
+REPLAN = "<think>search instead</think>\n1. Search 'Vorlanic Institute founded by'."
+
+
+def planner_reply(assistant_turns: int) -> str:
+    """Plan, then replan? yes, then the supplementary plan (by turns already taken)."""
+    return (PLAN, DECISION, REPLAN)[assistant_turns]
+
+
+def chat_planner(messages: list[dict]) -> str:
+    return planner_reply(sum(m["role"] == "assistant" for m in messages))
+
+
+def token_planner(prompt: str) -> str:
+    return planner_reply(prompt.count("<|im_start|>assistant\n") - 1)
+
+
+def executor_reply(messages: list[dict]) -> str:
+    """Right only when told to search (the supplementary plan does)."""
+    return f"<answer>{ANSWER if replan_of(messages) else 'Nobody'}</answer>"
+
+
+def _chat_view(messages: list[dict]) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in messages]
+
+
+def test_eval_and_training_run_the_same_flow(tmp_path: Path) -> None:
+    tok = build_tokenizer()
+    planner_llm = ScriptedChat(chat_planner, name="planner")
+    with (
+        memory_service(tmp_path / "mem.sqlite", manager=planner_llm, planner=planner_llm) as (
+            memory_url,
+            _,
+        ),
+        executor_service(executor_reply) as (serve_url, _),
+    ):
+
+        async def both() -> tuple[dict, object]:
+            serve, memory = ExecutorClient(serve_url), MemoryClient(memory_url)
+            ctx = FlowContext(spec("plan_only"), serve, memory, RuleJudge())
+            item = QAItem(id="q1", question=QUESTION, answers=[ANSWER])
+            row = await run_question(item, 0, ctx)
+            rollout = Rollout(
+                generator=ScriptedGenerator(tok, token_planner),
+                sampling=SamplingParams(temperature=1.0, max_tokens=64),
+            )
+            episode = PlannerEpisode(ExecutorClient(serve_url), MemoryClient(memory_url))
+            run = await episode.run({"question": QUESTION, "data_id": "q1"}, rollout)
+            await serve.aclose()
+            await memory.aclose()
+            return row, run
+
+        row, run = asyncio.run(both())
+
+    want_states = ["plan", "execute", "reflect", "replan", "continue"]
+    assert row["states"] == run.states == want_states
+    assert row["error"] is None and row["correct"] and row["prediction"] == ANSWER
+    assert run.final_answer == ANSWER and run.answer_first == "Nobody"
+    # The same Planner conversation, turn for turn: system, plan prompt, plan, reflection
+    # prompt (the same trace), decision, replan prompt, supplementary plan.
+    assert _chat_view(row["planner_messages"]) == _chat_view(run.messages)
+    assert [m["role"] for m in run.messages] == [
+        "system", "user", "assistant", "user", "assistant", "user", "assistant",
+    ]  # fmt: skip
+    assert row["plan"] == run.plan == "1. Guess the founder."
+    assert row["need_replan"] is run.need_replan is True
+    assert row["replan"] == run.replan == "1. Search 'Vorlanic Institute founded by'."
+
+
+def test_flow_states_without_a_planner_and_without_a_replan() -> None:
+    class Executor:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        async def execute(self, question, plan, *, data_id=None, images=()):
+            self.calls.append("execute")
+            return {"answer": "x", "trace": "t", "messages": [], "stop_reason": "answer"}
+
+        async def continue_(self, question, messages, replan, *, data_id=None, images=()):
+            self.calls.append("continue")
+            return {"answer": "y"}
+
+    ex = Executor()
+    run = asyncio.run(PlannerFlow(NoPlanner(), ex).run(Task(question="q")))
+    assert run.states == ["plan", "execute"] and ex.calls == ["execute"]
+    assert run.final_answer == "x" and run.stop_reason == "done"
+
+    class SaysNo(NoPlanner):
+        reflects = True
+
+        async def reflect(self, run, trace):
+            run.need_replan = False
+            return True
+
+    run = asyncio.run(PlannerFlow(SaysNo(), Executor(), FlowConfig()).run(Task(question="q")))
+    assert run.states == [s.value for s in (State.PLAN, State.EXECUTE, State.REFLECT)]
+    run = asyncio.run(
+        PlannerFlow(SaysNo(), Executor(), FlowConfig(reflect=False)).run(Task(question="q"))
+    )
+    assert run.states == ["plan", "execute"]
