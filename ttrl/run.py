@@ -79,24 +79,13 @@ def _mean(values: Sequence[float]) -> float | None:
 def executor_usage(trajectories: Sequence[Any]) -> dict[str, float | None]:
     """Per rollout, the Executor's work (its first run plus the run after a replan): tool
     calls, assistant turns and tokens, as serve reported them."""
-    calls, turns, tokens = [], [], []
-    for t in trajectories:
-        runs = [run for run in (t.first, t.final) if run]
-        calls.append(float(sum(len(run.get("tool_calls") or []) for run in runs)))
-        turns.append(float(sum(int(run.get("turns") or 0) for run in runs)))
-        tokens.append(
-            float(
-                sum(
-                    int((run.get("usage") or {}).get("prompt_tokens") or 0)
-                    + int((run.get("usage") or {}).get("completion_tokens") or 0)
-                    for run in runs
-                )
-            )
-        )
+    usages = [t.usage() for t in trajectories]
     return {
-        "tool_calls_per_rollout": _mean(calls),
-        "turns_per_rollout": _mean(turns),
-        "executor_tokens_per_rollout": _mean(tokens),
+        "tool_calls_per_rollout": _mean([float(len(u["tool_calls"])) for u in usages]),
+        "turns_per_rollout": _mean([float(u["turns"]) for u in usages]),
+        "executor_tokens_per_rollout": _mean(
+            [float(u["prompt"] + u["completion"]) for u in usages]
+        ),
     }
 
 

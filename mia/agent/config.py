@@ -6,9 +6,9 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from mia.config import load_config
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.prompts.executor import VARIANTS
@@ -87,22 +87,6 @@ def load_agent_config(
     source: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
 ) -> AgentConfig:
-    """Defaults <- a YAML file or mapping <- ``key=value`` overrides (Hydra-style dot paths)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        merged = OmegaConf.structured(AgentConfig)
-        if isinstance(source, Mapping):
-            merged = OmegaConf.merge(merged, OmegaConf.create(dict(source)))
-        elif source is not None:
-            if not Path(source).is_file():
-                raise MiaError(f"agent config file not found: {source}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(source))
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad agent config: {str(err).splitlines()[0]}") from None
-    assert isinstance(cfg, AgentConfig)
-    return cfg.validate()
+    """Defaults <- a YAML file (or a name in configs/agent/) or mapping <- ``key=value``
+    overrides (Hydra-style dot paths)."""
+    return load_config(AgentConfig, source, overrides, group="agent", where="bad agent config")

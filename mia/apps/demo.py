@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mia import precision
+from mia.config import load_config
 from mia.errors import MiaError
 from mia.paths import atomic_write_text, config_dir
 
@@ -125,26 +126,7 @@ class DemoConfig:
 
 
 def load_demo_config(path: str | None, overrides: list[str]) -> DemoConfig:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from mia.eval.config import resolve_config_path
-
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise MiaError(f"demo config: overrides must look like key=value, got {bad[0]!r}")
-    try:
-        merged = OmegaConf.structured(DemoConfig)
-        merged = OmegaConf.merge(
-            merged, OmegaConf.load(resolve_config_path(path or "default", CONFIG_DIR))
-        )
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(overrides))
-        cfg = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"demo config: {str(err).splitlines()[0]}") from None
-    assert isinstance(cfg, DemoConfig)
-    return cfg.validate()
+    return load_config(DemoConfig, path or "default", overrides, group="demo", where="demo config")
 
 
 def _parser() -> argparse.ArgumentParser:

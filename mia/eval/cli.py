@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mia.config import load_dict
 from mia.errors import MiaError
-from mia.paths import config_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,15 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _judge_config(name: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from mia.eval.config import resolve_config_path
-
-    folder = config_dir("judge")
-    data = OmegaConf.to_container(OmegaConf.load(resolve_config_path(name, folder)), resolve=True)
-    if not isinstance(data, dict):
-        raise MiaError(f"judge config {name}: expected a mapping")
-    return data
+    return load_dict(name, group="judge")
 
 
 def apply_flags(cfg: Any, args: argparse.Namespace) -> Any:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from mia.config import load_config
 from mia.errors import MiaError
 from mia.paths import config_dir
 
@@ -99,35 +99,8 @@ class EvalConfig:
         return self
 
 
-def resolve_config_path(name: str | os.PathLike[str], folder: Path = CONFIG_DIR) -> Path:
-    """A YAML file, or a name in ``folder`` (``default`` -> ``configs/eval/default.yaml``)."""
-    p = Path(name).expanduser()
-    if p.is_file():
-        return p
-    named = folder / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if named.is_file():
-        return named
-    raise MiaError(f"config not found: {name} (also looked for {named})")
-
-
 def load_eval_config(
     path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = ()
 ) -> EvalConfig:
-    """Defaults <- YAML ``path`` <- ``key=value`` overrides."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise MiaError(f"eval config: overrides must look like key=value, got {bad[0]!r}")
-    try:
-        merged = OmegaConf.structured(EvalConfig)
-        if path is not None:
-            merged = OmegaConf.merge(merged, OmegaConf.load(resolve_config_path(path)))
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"eval config: {str(err).splitlines()[0]}") from None
-    assert isinstance(cfg, EvalConfig)
-    return cfg.validate()
+    """Defaults <- YAML ``path`` (a file or a name in configs/eval/) <- ``key=value`` overrides."""
+    return load_config(EvalConfig, path, overrides, group="eval", where="eval config")
