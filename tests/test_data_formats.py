@@ -105,6 +105,8 @@ def test_reference_parquet_columns(world_dir):
         "split",
         "seed",
         "aliases",
+        "template",
+        "held_out",
     }
     line = json.loads((out / "test.jsonl").read_text().splitlines()[0])
     assert {"question", "answer", "id", "images", "image_caption"} <= set(line)

@@ -85,7 +85,7 @@ def _observations(ex: GoldExample) -> list[str]:
 
 def test_coverage_and_every_type_is_covered(built) -> None:
     world, _, report = built
-    assert report.total == len(world.questions) == 72
+    assert report.total == len(world.questions) == 96
     assert report.coverage >= 0.9, report.skipped
     # Honest numbers on this world: every question gets a gold transcript.
     assert report.by_type() == {
@@ -93,9 +93,10 @@ def test_coverage_and_every_type_is_covered(built) -> None:
         "bridge": (24, 24),
         "comparison": (12, 12),
         "image": (12, 12),
+        "convention": (24, 24),
     }
     assert report.skipped == []
-    assert report.summary().startswith("coverage 72/72 (100.0%)")
+    assert report.summary().startswith("coverage 96/96 (100.0%)")
     assert sorted(e.id for e in report.examples) == sorted(q.id for q in world.questions)
 
 
@@ -126,7 +127,9 @@ def test_every_example_is_correct_well_formed_and_uses_valid_calls(built) -> Non
         # Each turn opens with its reasoning; one tool call per turn; one observation per call.
         assert all(t.startswith("<think>\n") and t.count("<tool_call>") <= 1 for t in turns)
         assert len(_observations(ex)) == len(turns) - 1
-        n_calls = {"single_hop": 1, "bridge": 2, "comparison": 1, "image": 2}[ex.type]
+        n_calls = {"single_hop": 1, "convention": 1, "bridge": 2, "comparison": 1, "image": 2}[
+            ex.type
+        ]
         assert len(turns) == n_calls + 1
 
 
@@ -310,7 +313,7 @@ def test_same_seed_gives_identical_bytes(built, tmp_path) -> None:
     build_index(tmp_path / "w" / "corpus.jsonl", tmp_path / "idx", method="bm25")
     again = generate_gold(world, tmp_path / "idx", split="test")  # cache written from the world
     first = [e for e in report.examples if e.split == "test"]
-    assert len(first) == 14
+    assert len(first) == 28  # the small world's test split
     assert dumps_gold(again.examples).encode() == dumps_gold(first).encode()
 
 

@@ -109,7 +109,7 @@ def test_sft_tokens_are_the_agent_loops_tokens(world: Any) -> None:
     tok = world.tok
     chat = ChatTokenizer(tok)
     picks = {ex.type: ex for ex in world.train}  # one of each text type (bridge: 2 searches)
-    assert sorted(picks) == ["bridge", "comparison", "single_hop"]
+    assert sorted(picks) == ["bridge", "comparison", "convention", "single_hop"]
     with ServerThread(create_search_app(world.retriever, ServeConfig(default_topk=3))) as url:
         cfg = AgentConfig()
         cfg.tools["search"]["params"]["url"] = url

@@ -27,10 +27,11 @@ from mia.data.world import (
     corpus_passage,
     iter_corpus,
 )
+from mia.data.world_questions import CONVENTIONS, HELD_OUT_TEMPLATES
 from mia.errors import MiaError
 
 REPO = Path(__file__).resolve().parents[1]
-TYPES = {"single_hop", "bridge", "comparison", "image"}
+TYPES = {"single_hop", "bridge", "comparison", "image", "convention"}
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -169,6 +170,10 @@ def test_every_question_follows_the_rules(small):
         elif q.type == "image":
             assert names[0] not in q.question and names[0] not in q.image_caption
             assert q.modality == "text-image"
+        elif q.type == "convention":
+            conv = {c.id: c for c in CONVENTIONS}[q.template]
+            assert q.question == conv.wording.format(x=names[0])
+            assert q.relation.endswith("." + conv.relation) and q.held_out == conv.held_out
         else:
             assert q.type == "single_hop" and names[0] in q.question
         if q.type != "image":
@@ -182,6 +187,19 @@ def test_splits_are_stratified(small):
         assert {q.type for q in qs} == TYPES
         assert all(q.id.startswith(f"w0_{split}_") for q in qs)
     assert len(world.split("test")) < len(world.split("train"))
+
+
+def test_held_out_wordings_are_in_test_splits_only():
+    """No train split of any world holds a held-out convention wording (so no gold, SFT or
+    GRPO data built from train splits can), and every test split holds them."""
+    for seed in (0, 1, 2):
+        world = World.generate(seed, "small")
+        train = world.split("train")
+        assert not [q for q in train if q.held_out or q.template in HELD_OUT_TEMPLATES]
+        test_templates = {q.template for q in world.split("test") if q.held_out}
+        assert test_templates == HELD_OUT_TEMPLATES
+        seen = {q.template for q in train if q.template}
+        assert seen and not seen & HELD_OUT_TEMPLATES
 
 
 def test_answer_formats_have_aliases():

@@ -72,6 +72,7 @@ QUERY_WORDS: dict[str, str] = {
     "person.university": "studied university",
     "org.founder": "founded by",
     "org.hq": "headquarters",
+    "org.hq_country": "headquartered country",
     "org.founded": "founded year",
     "city.population": "population",
     "city.region": "region",
@@ -100,6 +101,7 @@ FACT_PHRASES: dict[str, str] = {
     "person.university": "the university where {x} studied",
     "org.founder": "the founder of {x}",
     "org.hq": "the city where {x} is headquartered",
+    "org.hq_country": "the country where {x} is headquartered",
     "org.founded": "the year in which {x} was founded",
     "city.population": "the population of {x}",
     "city.region": "the region in which {x} lies",
@@ -140,6 +142,7 @@ ANSWER_FORMS = {
     "university": "the university's name",
     "founder": "the person's name",
     "hq": "the city's name",
+    "hq_country": "the country's name",
     "founded": "the year",
     "population": "the number",
     "region": "the region's name",
@@ -397,7 +400,10 @@ class GoldWriter:
 
     # -- dispatch -------------------------------------------------------------------------------
     def program(self, q: Question) -> Program:
-        return getattr(self, f"_{q.type}")(q)
+        # A convention question is a single hop whose wording does not say which fact it
+        # wants; the transcript names the fact the convention picks.
+        kind = "single_hop" if q.type == "convention" else q.type
+        return getattr(self, f"_{kind}")(q)
 
     def _read(self, obs: str, ent: Entity, needles: Sequence[str], what: str) -> str:
         sentence = evidence(obs, ent.name, needles)
@@ -515,7 +521,7 @@ class GoldWriter:
     def plan(self, q: Question) -> str:
         """The gold plan: numbered atomic steps with search intents; no facts beyond the
         question's own words and no answer. A first search names the query the Executor runs."""
-        if q.type == "single_hop":
+        if q.type in ("single_hop", "convention"):
             ent = self.e[q.entity_ids[0]]
             rel = q.relation.split(".", 1)[1]
             steps = [
@@ -560,12 +566,16 @@ class GoldWriter:
         return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
 
     def planner_reply(self, q: Question, plan: str) -> str:
-        why = {
-            "single_hop": "one search for the named entity should find the fact",
-            "bridge": "two hops are needed, and the second search depends on the first result",
-            "comparison": "both entities need a search, then their values are compared",
-            "image": "the image must be identified once before the text search",
-        }[q.type]
+        if q.type == "convention":  # the wording is vague: the plan names the fact it means
+            fact = fact_phrase(self.e[q.entity_ids[0]], q.relation.split(".", 1)[1])
+            why = f"the wording is vague; here it asks for {fact}"
+        else:
+            why = {
+                "single_hop": "one search for the named entity should find the fact",
+                "bridge": "two hops are needed, and the second search depends on the first result",
+                "comparison": "both entities need a search, then their values are compared",
+                "image": "the image must be identified once before the text search",
+            }[q.type]
         return f"<think>\nNo memories of similar questions were found; {why}.\n</think>\n\n{plan}"
 
 

@@ -54,6 +54,7 @@ class WorldConfig:
     bridge: int = 160
     comparison: int = 80
     image: int = 80
+    convention: int = 120  # vague wordings with a fixed meaning; held-out ones go to test only
     test_fraction: float = 0.2
     image_size: int = 256
     image_distractors: int = 2  # wrong results after the right one in each image-search cache
@@ -98,6 +99,7 @@ PRESETS: dict[str, WorldConfig] = {
         bridge=24,
         comparison=12,
         image=12,
+        convention=24,
         image_size=128,
     ),
     "default": WorldConfig(),
@@ -113,6 +115,7 @@ PRESETS: dict[str, WorldConfig] = {
         bridge=1500,
         comparison=600,
         image=600,
+        convention=600,
     ),
 }
 
@@ -226,7 +229,8 @@ def _assign_splits(
     """Stratified split (every type in both splits when it can be), then ids per split."""
     splits: dict[str, list[Question]] = {"train": [], "test": []}
     for qtype in QUESTION_TYPES:
-        qs = list(by_type[qtype])
+        held_out = [q for q in by_type[qtype] if q.held_out]  # never in a train split
+        qs = [q for q in by_type[qtype] if not q.held_out]
         rng.shuffle(qs)
         n_test = round(len(qs) * test_fraction)
         if test_fraction > 0 and len(qs) >= 2:
@@ -234,6 +238,9 @@ def _assign_splits(
         for k, q in enumerate(qs):
             q.split = "test" if k < n_test else "train"
             splits[q.split].append(q)
+        for q in held_out:
+            q.split = "test"
+            splits["test"].append(q)
     out = []
     for split, qs in splits.items():
         rng.shuffle(qs)

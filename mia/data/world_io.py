@@ -30,7 +30,7 @@ from mia.paths import atomic_dir
 if TYPE_CHECKING:
     from mia.data.world import Question, World
 
-WORLD_FORMAT_VERSION = 1  # bump when the files a world writes change
+WORLD_FORMAT_VERSION = 2  # bump when the files a world writes change
 DATA_SOURCE = "mia_world"
 SPLITS = ("train", "test")
 MANIFEST = "world.json"
@@ -54,6 +54,8 @@ def question_to_item(q: Question, seed: int) -> QAItem:
             "entity_ids": list(q.entity_ids),
             "split": q.split,
             "seed": seed,
+            "template": q.template,  # convention wordings only ("" otherwise)
+            "held_out": q.held_out,
         },
     )
 

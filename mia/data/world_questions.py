@@ -32,8 +32,9 @@ from PIL import Image
 from mia.data.world_entities import Entity, date_aliases, format_date, format_number
 from mia.data.world_text import Passage
 
-QUESTION_TYPES = ("single_hop", "bridge", "comparison", "image")
-LEVELS = {"single_hop": 1, "bridge": 2, "comparison": 2, "image": 2}
+QUESTION_TYPES = ("single_hop", "bridge", "comparison", "image", "convention")
+TEXT_TYPES = ("single_hop", "bridge", "comparison")  # the research question types
+LEVELS = {"single_hop": 1, "bridge": 2, "comparison": 2, "image": 2, "convention": 1}
 
 # Category of the answer, matching the memory buckets of the Manager.
 REL_CATEGORY = {
@@ -42,7 +43,7 @@ REL_CATEGORY = {
     "founder": "human", "hq": "location", "founded": "time", "population": "property",
     "region": "location", "country": "location", "river": "location", "capital": "location",
     "language": "property", "currency": "property", "creator": "human", "year": "time",
-    "producer": "others", "seat": "location",
+    "producer": "others", "seat": "location", "hq_country": "location",
 }  # fmt: skip
 
 WORK_VERBS = {
@@ -116,6 +117,40 @@ COMPARISONS = {
 COMPARISON_CATEGORY = {"person": "human", "org": "others", "city": "location", "work": "others"}
 
 
+@dataclass(frozen=True)
+class Convention:
+    """A vague question wording whose meaning is this world's convention: "Where is X from?"
+    could ask for a city or a country; here it asks for one of them, always the same. Nothing in
+    the question says which: a researcher learns it from feedback on earlier questions of the
+    same wording -- what workflow memory is for. ``held_out`` wordings occur only in test splits,
+    so no training data (gold, SFT, GRPO) ever contains them."""
+
+    id: str
+    kind: str  # entity kind
+    wording: str  # with {x}
+    relation: str
+    held_out: bool
+
+
+CONVENTIONS: tuple[Convention, ...] = (
+    # seen in training (both splits)
+    Convention("person.from", "person", "Where is {x} from?", "birth_city", False),
+    Convention("person.when", "person", "When was {x} born?", "birth_year", False),
+    Convention("org.where", "org", "Where is {x}?", "hq", False),
+    Convention("city.where", "city", "Where is {x}?", "region", False),
+    Convention("work.behind", "work", "Who is behind {x}?", "creator", False),
+    Convention("country.speak", "country", "What do people speak in {x}?", "language", False),
+    # held out: test splits only; the obvious reading is often not the convention
+    Convention("person.origin", "person", "Where does {x} come from?", "birth_country", True),
+    Convention("person.arrival", "person", "When did {x} come into the world?", "birth_date", True),
+    Convention("org.base", "org", "Where is {x} based?", "hq_country", True),
+    Convention("city.lie", "city", "Where does {x} lie?", "country", True),
+    Convention("work.put_out", "work", "Who put out {x}?", "producer", True),
+    Convention("city.age", "city", "How old is {x}?", "founded", True),
+)
+HELD_OUT_TEMPLATES = frozenset(c.id for c in CONVENTIONS if c.held_out)
+
+
 @dataclass
 class Question:
     """One question of the world, with everything needed to write both QA formats."""
@@ -133,6 +168,8 @@ class Question:
     entity_ids: list[str] = field(default_factory=list)  # subject(s), then the bridge entity
     image_caption: str = ""
     image_png: bytes | None = None
+    template: str = ""  # convention questions: the wording's id (CONVENTIONS)
+    held_out: bool = False  # a wording that never occurs in a train split
 
     @property
     def modality(self) -> str:
@@ -237,6 +274,8 @@ class Facts:
         if ent.kind == "org":
             if rel in ("founder", "hq"):
                 return name(a[rel]).name, []
+            if rel == "hq_country":
+                return name(name(a["hq"]).attrs["country"]).name, []
             if rel == "founded":
                 return str(a["founded"]), []
         if ent.kind == "city":
@@ -425,6 +464,25 @@ class QuestionMaker:
                 image_caption=self.captions[ent.id],
             )
 
+    def convention(self) -> Iterable[Question]:
+        for conv in CONVENTIONS:
+            for ent in (e for e in self.e.values() if e.kind == conv.kind):
+                if conv.relation not in (*self.facts.relations(ent), "hq_country"):
+                    continue
+                answer, aliases = self.facts.answer(ent, conv.relation)
+                yield self._q(
+                    type="convention",
+                    question=conv.wording.format(x=ent.name),
+                    answer=answer,
+                    aliases=aliases,
+                    supporting_ids=[self.pid(ent.id)],
+                    category=REL_CATEGORY[conv.relation],
+                    relation=f"{ent.kind}.{conv.relation}",
+                    entity_ids=[ent.id],
+                    template=conv.id,
+                    held_out=conv.held_out,
+                )
+
     # -- selection --------------------------------------------------------------------------------
     def select(self, qtype: str, quota: int) -> list[Question]:
         """Up to ``quota`` valid questions, no subject twice, spread evenly by round robin over
@@ -433,7 +491,8 @@ class QuestionMaker:
         for q in getattr(self, qtype)():
             if not question_problems(q, self.e, self.passages, self.index):
                 top = q.relation.split(".", 1)[0] if qtype == "image" else q.relation
-                groups.setdefault(top, {}).setdefault(q.relation, []).append(q)
+                sub = q.template or q.relation  # conventions: even over wordings
+                groups.setdefault(top if not q.template else sub, {}).setdefault(sub, []).append(q)
         for rels in groups.values():
             for qs in rels.values():
                 self.rng.shuffle(qs)
@@ -480,7 +539,7 @@ def question_problems(
         problems.append("answer not in any supporting passage")
     if q.type != "comparison" and any(contains(q.question, a) for a in answers):
         problems.append("answer appears in the question")
-    if q.type == "single_hop":
+    if q.type in ("single_hop", "convention"):
         if (
             len(texts) != 1
             or not contains(q.question, names[0])
