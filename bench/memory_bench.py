@@ -10,7 +10,7 @@ vector of dim 384, the size of all-MiniLM-L6-v2's):
 - **ours**: ``memory_serve.store.MemoryStore`` on a real SQLite file (WAL). Retrieval is
   ``store.retrieve(..., q_emb=, c_emb=)`` (bucket scan, min-max, score, rank, top-k). An insert is
   ``store.write(mem, q_emb, c_emb)``: dedup scan, SQLite transaction, index update.
-- **reference**: REFERENCE.md §4.4-4.5 as the reference implements it: a Python list of entry
+- **reference**: docs/reference.md §4.4-4.5 as the reference implements it: a Python list of entry
   dicts with the embeddings ``torch.cat``-ed onto one tensor on every insert (after a dedup scan),
   and per query a full rescan: similarities, min-max, a Python score list, two sorts. Cosines are
   one ``torch.mv`` on unit vectors (the cheapest faithful form, so the reference is not
@@ -24,7 +24,7 @@ size (a per-insert build of 100k would rescan ~7 TB of vectors for either side),
 negative ids. "scan floor" is one bare ``numpy`` matrix-vector product over the bucket: the memory
 traffic any exact full scan pays.
 
-Targets (ARCHITECTURE): retrieval p95 <= 5 ms at 100k and >= 20x faster than the reference.
+Targets (issue 3, docs/benchmarks.md): retrieval p95 <= 5 ms at 100k and >= 20x faster than the reference.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class ReferenceMemory:
     def insert(self, entry: dict[str, Any], q: Any, c: Any, has_caption: bool) -> str:
         import torch
 
-        if self.entries:  # dedup (REFERENCE §4.5)
+        if self.entries:  # dedup (docs/reference.md §4.5)
             sims = self._similarities(q, c if has_caption else None)
             best = int(torch.argmax(sims))
             if float(sims[best]) >= 0.9999:

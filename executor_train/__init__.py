@@ -1,4 +1,4 @@
-"""Executor GRPO training (``python -m executor_train``; REFERENCE §6, §7.1, §9).
+"""Executor GRPO training (``python -m executor_train``; docs/reference.md §6, §7.1, §9).
 
 The engine (:class:`mia.rl.trainer.Trainer`) configured with
 :class:`~executor_train.episode.ExecutorEpisode` (the Executor loop with tools, one replan on

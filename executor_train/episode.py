@@ -1,4 +1,4 @@
-"""The Executor GRPO episode (REFERENCE §6, ``tool_agent_loop``) and its reward (§7.1).
+"""The Executor GRPO episode (docs/reference.md §6, ``tool_agent_loop``) and its reward (§7.1).
 
 One rollout = the Executor loop (token mode: exact ids, mask 1 on sampled tokens, 0 on tool
 observations and injected turns) with the sample's plan; the first answer is judged, and a wrong
@@ -130,7 +130,7 @@ class ExecutorEpisode(AgentEpisode):
 
 
 class ExecutorReward:
-    """``reward(sample, trajectory) -> (score, extras)``: REFERENCE §7.1 with ``judge``."""
+    """``reward(sample, trajectory) -> (score, extras)``: docs/reference.md §7.1 with ``judge``."""
 
     def __init__(self, judge: Judge, cfg: ExecutorRewardConfig | Mapping[str, Any] | None = None):
         self.judge = judge

@@ -1,4 +1,4 @@
-"""HTTP routes of the Memory Manager (ARCHITECTURE §4); the reference's route names as aliases."""
+"""HTTP routes of the Memory Manager (docs/memory_serve.md); the reference's route names as aliases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Optional question classifier (REFERENCE §4.2): picks one of ten categories with the manager
+"""Optional question classifier (docs/reference.md §4.2): picks one of ten categories with the manager
 LLM so memories are bucketed by question type. Off by default (every question -> "others", as in
 all of the reference's TTRL services)."""
 

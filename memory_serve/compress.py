@@ -1,4 +1,4 @@
-"""Trajectory -> workflow summary (REFERENCE §4.3).
+"""Trajectory -> workflow summary (docs/reference.md §4.3).
 
 ``llm`` mode: the trace (``mia.trace``) goes to the manager LLM with the compression prompt and the
 numbered "purpose (input -> output)" steps after its reasoning are kept. ``identity`` mode keeps

@@ -1,6 +1,6 @@
 """Tunables of the Memory Manager.
 
-The dataclass defaults mirror ``configs/memory/default.yaml`` (paper defaults, REFERENCE §15).
+The dataclass defaults mirror ``configs/memory/default.yaml`` (paper defaults, docs/reference.md §15).
 ``load_config`` merges: dataclass defaults <- a YAML file <- ``key=value`` overrides (Hydra
 override syntax for plain keys, e.g. ``retrieval.top_k=4 llm.manager.backend=openai``).
 """

@@ -1,4 +1,4 @@
-"""Retrieved memories as the text block the Planner reads (REFERENCE §4.4)."""
+"""Retrieved memories as the text block the Planner reads (docs/reference.md §4.4)."""
 
 from __future__ import annotations
 

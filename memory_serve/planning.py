@@ -1,4 +1,4 @@
-"""Planner conversations built by the memory service (REFERENCE §3.1, §5).
+"""Planner conversations built by the memory service (docs/reference.md §3.1, §5).
 
 Pure functions from inputs to OpenAI-style message lists; the service sends them to the manager
 or planner LLM. Keeping them here lets tests and planner training rebuild the exact prompts.

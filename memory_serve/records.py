@@ -1,4 +1,4 @@
-"""Plain records of the memory store (ARCHITECTURE §5, REFERENCE §4.1).
+"""Plain records of the memory store (docs/memory_serve.md; docs/reference.md §4.1).
 
 Frozen dataclasses: the store hands out snapshots, so a caller can never mutate shared state.
 """

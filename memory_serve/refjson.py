@@ -1,4 +1,4 @@
-"""The reference's JSON persistence layout (REFERENCE §4.7), for import and export.
+"""The reference's JSON persistence layout (docs/reference.md §4.7), for import and export.
 
 ``{"text-only": {"location": [entries], ..., "others": [...]}, "text-image": {...}}``, written
 with indent 4 and ``ensure_ascii=False``. Workflow entries carry ``data_id, question,

@@ -1,6 +1,6 @@
 """Request and response models of every memory_serve route.
 
-Field names follow ARCHITECTURE §4; the reference's names are accepted as aliases
+Field names follow docs/memory_serve.md; the reference's names are accepted as aliases
 (``used_memory_indices``, ``memory_indices``, ``temp_messages``, ``save_path``, ...) so its
 scripts can talk to this service. Batch routes take one object or a JSON list of them.
 """

@@ -1,4 +1,4 @@
-"""Retrieval scoring (REFERENCE §4.4), pure numpy so tests and benchmarks can recompute it.
+"""Retrieval scoring (docs/reference.md §4.4), pure numpy so tests and benchmarks can recompute it.
 
 ``sim = qw*cos(q, Q_i) + cw*cos(c, C_i)`` when the query has a caption, else ``cos(q, Q_i)``;
 ``norm = (sim - min) / (max - min + 1e-8)`` over the whole bucket;

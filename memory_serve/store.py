@@ -541,7 +541,7 @@ class MemoryStore:
         c_emb: np.ndarray | None = None,
     ) -> Retrieval:
         """Top-k correct and top-k incorrect memories of the query's bucket, skipping
-        ``pass_num`` of each (REFERENCE §4.4)."""
+        ``pass_num`` of each (docs/reference.md §4.4)."""
         r = self.cfg.retrieval
         k = r.top_k if top_k is None else top_k
         floor = r.min_similarity if min_similarity is None else min_similarity

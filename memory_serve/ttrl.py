@@ -1,4 +1,4 @@
-"""TTRL rollout selection (REFERENCE §3.2, §4.6, §4.7): which buffered rollout is evaluated under
+"""TTRL rollout selection (docs/reference.md §3.2, §4.6, §4.7): which buffered rollout is evaluated under
 each rule, and which rollouts a consolidation step turns into memories.
 
 Deterministic: every random choice uses an RNG seeded by (seed, purpose, question key), so the

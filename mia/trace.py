@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-# The Executor-side wrapper of a supplementary plan (REFERENCE §5, "Replan delivery").
+# The Executor-side wrapper of a supplementary plan (docs/reference.md §5, "Replan delivery").
 REVISED_PLAN_MARKER = "I have a revised plan for you to follow:"
 REVISED_PLAN_TEMPLATE = (
     "\n" + REVISED_PLAN_MARKER + "\n{replan}\nPlease continue with this updated guidance:\n"

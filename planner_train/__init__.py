@@ -1,4 +1,4 @@
-"""Planner GRPO training (``python -m planner_train``; REFERENCE §5, §7.2, §9).
+"""Planner GRPO training (``python -m planner_train``; docs/reference.md §5, §7.2, §9).
 
 The engine (:class:`mia.rl.trainer.Trainer`) configured with
 :class:`~mia.planner.episode.PlannerEpisode` (plan -> serve ``/execute`` -> reflect yes/no ->

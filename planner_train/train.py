@@ -2,7 +2,7 @@
 
 The trained Executor is frozen behind the serve service; every rollout plans, lets the Executor
 run the plan, reflects (yes/no) and may replan once (:mod:`mia.planner.episode`); the reward
-is REFERENCE §7.2 (:mod:`mia.planner.reward`).
+is docs/reference.md §7.2 (:mod:`mia.planner.reward`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage 1 of training: Executor GRPO (plans from a fixed Planner, reward of REFERENCE §7.1).
+# Stage 1 of training: Executor GRPO (plans from a fixed Planner, reward of docs/reference.md §7.1).
 set -euo pipefail
 . "$(dirname "$0")/_common.sh"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage 2 of training: Planner GRPO against the frozen Executor behind the serve service
-# (scripts/serve.sh) and memory_serve (reward of REFERENCE §7.2).
+# (scripts/serve.sh) and memory_serve (reward of docs/reference.md §7.2).
 set -euo pipefail
 . "$(dirname "$0")/_common.sh"
 

@@ -126,7 +126,7 @@ def seed_store(store: MemoryStore) -> list[int]:
 
 
 def expected_ranking(embedder, query: str, caption: str, rows: list[tuple[str, str, str, float]]):
-    """Hand computation of REFERENCE §4.4 with numpy: ids in (correct, incorrect) order + scores."""
+    """Hand computation of docs/reference.md §4.4 with numpy: ids in (correct, incorrect) order + scores."""
     qs = embedder.encode([r[0] for r in rows])
     cs = embedder.encode([r[1] for r in rows])
     q, c = embedder.encode([query, caption])

@@ -99,7 +99,7 @@ def one_shot(answer_text: str, answer: str) -> Trajectory:
 
 
 # --------------------------------------------------------------------------------------------
-# Executor (REFERENCE §7.1)
+# Executor (docs/reference.md §7.1)
 # --------------------------------------------------------------------------------------------
 def test_executor_first_attempt_correct_gets_bonus() -> None:
     traj = one_shot("<answer>Paris</answer>", "Paris")
@@ -286,7 +286,7 @@ def test_dataclass_defaults_mirror_yaml(cls: type, name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Planner (REFERENCE §7.2)
+# Planner (docs/reference.md §7.2)
 # --------------------------------------------------------------------------------------------
 PLAN = "<think>Memory 1 worked.</think>\n1. Search the capital of France.\n2. Answer."
 
@@ -419,7 +419,7 @@ def test_answer_from_trace_never_returns_the_trace() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# No ground truth (REFERENCE §7.3)
+# No ground truth (docs/reference.md §7.3)
 # --------------------------------------------------------------------------------------------
 def panel_chat(verdict: str) -> ScriptedChat:
     def reply(messages: list[dict[str, Any]]) -> str:

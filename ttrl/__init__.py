@@ -1,4 +1,4 @@
-"""Test-time RL over a test stream (``python -m ttrl mode=supervised|nogt``; REFERENCE §7.3, §8).
+"""Test-time RL over a test stream (``python -m ttrl mode=supervised|nogt``; docs/reference.md §7.3, §8).
 
 One pass; per batch: memories -> n plans per question -> the Executor -> judging (ground truth,
 the no-GT review panel, or majority vote) -> GRPO step on the Planner -> memory writes. Resumes

@@ -1,6 +1,6 @@
 """Test-time RL: one pass over a test set that updates the memory and the Planner together.
 
-Per batch of questions (REFERENCE §8, TTRL):
+Per batch of questions (docs/reference.md §8, TTRL):
 
 1. memories for every question (memory_serve ``/memory``);
 2. n planner rollouts per question: plan -> the Executor (serve) -> reflect -> optional replan

@@ -1,4 +1,4 @@
-"""The streaming TTRL client (REFERENCE §3.6): pushes questions to the training server and
+"""The streaming TTRL client (docs/reference.md §3.6): pushes questions to the training server and
 their ground truths (or the user's feedback) to the reward server.
 
     python -m ttrl_streaming.client --data test.parquet [--batch-size 4] [--save-every 50]

@@ -1,5 +1,5 @@
 """Tensors on the wire between the streaming client and server: JSON or safetensors, never
-pickle (REFERENCE §3.6 sent a JSON codec; anything that unpickles request bodies runs code).
+pickle (docs/reference.md §3.6 sent a JSON codec; anything that unpickles request bodies runs code).
 
 JSON form of a tensor (and of a numeric numpy array)::
 

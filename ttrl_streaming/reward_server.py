@@ -1,4 +1,4 @@
-"""The pluggable reward server (REFERENCE §3.7): ground truths in, rewards out.
+"""The pluggable reward server (docs/reference.md §3.7): ground truths in, rewards out.
 
 ``python -m ttrl_streaming.reward_server [--port 6000] [--reward-fn package.module:function]``
 
@@ -15,7 +15,7 @@
 - ``GET /health`` -> ``registered_gts`` (+ the reward function and judge in use).
 
 The score comes from the reward function (``--reward-fn``, default the Planner reward of
-REFERENCE §7.2): the place to plug in user feedback, see :mod:`mia.rewards.hooks`.
+docs/reference.md §7.2): the place to plug in user feedback, see :mod:`mia.rewards.hooks`.
 """
 
 from __future__ import annotations

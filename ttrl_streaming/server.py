@@ -1,4 +1,4 @@
-"""The streaming TTRL training server (REFERENCE §3.6): holds the Planner and learns from a
+"""The streaming TTRL training server (docs/reference.md §3.6): holds the Planner and learns from a
 stream of questions (or of finished rollouts) pushed by a client.
 
 ``python -m ttrl_streaming.server [--port 8765] [--config-name server] [key=value ...]``

@@ -9,7 +9,7 @@ the loop sends back as the observation, so the model can correct itself (and the
 what went wrong). JSON is repaired the way models break it: code fences, trailing text, single
 quotes / unquoted keys / trailing commas (json5), missing closing braces, Python literals.
 
-:func:`check_format` applies the reward-side format rules of REFERENCE §7.1 to a transcript.
+:func:`check_format` applies the reward-side format rules of docs/reference.md §7.1 to a transcript.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ class FormatCheck:
 def check_format(
     assistant_texts: Sequence[str], tool_names: Sequence[str] = (SEARCH_TOOL, IMAGE_TOOL)
 ) -> FormatCheck:
-    """The Executor reward's format rules (REFERENCE §7.1) over the assistant turns of a
+    """The Executor reward's format rules (docs/reference.md §7.1) over the assistant turns of a
     trajectory, last turn = the final answer. Strict where the loop is lenient: repaired JSON and
     aliases count as invalid, search args must be exactly ``{"query_list": [non-empty str, ...]}``
     and image args exactly ``{"img_idx": "0"}``, at most one image search."""

@@ -1,6 +1,6 @@
 """Gold Executor trajectories and Planner plans for the synthetic world (the SFT cold start).
 
-The embedded SmolLM2 reads passages but never calls a tool on its own (MACHINE-FACTS): it needs
+The embedded SmolLM2 reads passages but never calls a tool on its own (docs/sft.md): it needs
 demonstrations before RL can start. This module writes them from the world's facts and the REAL
 index, and never paraphrases a tool result:
 

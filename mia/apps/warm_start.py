@@ -1,6 +1,6 @@
 """Warm-started embedded roles: SmolLM2 after a short SFT on gold transcripts (the cold start).
 
-Out of the box the embedded SmolLM2-135M reads passages but never calls a tool (MACHINE-FACTS),
+Out of the box the embedded SmolLM2-135M reads passages but never calls a tool (docs/sft.md),
 so the demo's Executor and Planner are first fine-tuned on the gold transcripts of a synthetic
 world's train split. Built on first use, with progress:
 

@@ -1,6 +1,6 @@
 """Rewards of a :class:`~mia.planner.episode.PlannerRollout`, as ``reward(sample, rollout)``.
 
-- :class:`PlannerReward`: REFERENCE §7.2 against the sample's ground truth with a local judge.
+- :class:`PlannerReward`: docs/reference.md §7.2 against the sample's ground truth with a local judge.
 - :class:`RemoteReward`: the pluggable reward server (``/compute_gt_reward`` with the native
   episode record), where ground truths and user feedback live (TTRL-streaming).
 """

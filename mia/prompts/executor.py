@@ -13,7 +13,7 @@ Here every consumer builds the conversation from these functions:
 - later user turns: tool results in ``<tool_response>`` blocks, the revised-plan block (from
   :mod:`mia.trace`, which also recognises it in traces) and the "answer now" instruction.
 
-Wording follows REFERENCE.md §6 (summarised there, not copied verbatim). Answers are asked to be
+Wording follows docs/reference.md §6 (summarised there, not copied verbatim). Answers are asked to be
 short: the training reward scores answers over 100 characters as wrong.
 """
 
@@ -110,7 +110,7 @@ def plan_block(plan: str | None) -> str:
 
 
 def revised_plan_block(replan: str) -> str:
-    """The user turn that hands the Executor a supplementary plan (REFERENCE §5)."""
+    """The user turn that hands the Executor a supplementary plan (docs/reference.md §5)."""
     return REVISED_PLAN_TEMPLATE.format(replan=strip_image_tokens(replan).strip())
 
 

@@ -1,13 +1,13 @@
 """Memory Manager prompts: workflow compression, question classification, plan choice, and the
 text layout of retrieved memories shown to the Planner.
 
-Wording follows the reference's prompts as summarised in REFERENCE.md §4 (not copied verbatim).
+Wording follows the reference's prompts as summarised in docs/reference.md §4 (not copied verbatim).
 Templates use ``str.format`` fields; the filled-in values may contain braces safely.
 """
 
 from __future__ import annotations
 
-# --- workflow compression (REFERENCE §4.3 step 2) -------------------------------------------
+# --- workflow compression (docs/reference.md §4.3 step 2) -------------------------------------------
 
 COMPRESS_PROMPT = (
     "Below is the trace of a research agent that answered a question with search tools.\n\n"
@@ -31,7 +31,7 @@ def compress_prompt(trace: str, max_words: int = COMPRESS_MAX_WORDS) -> str:
     return COMPRESS_PROMPT.format(trace=trace, max_words=max_words)
 
 
-# --- question classification (REFERENCE §4.2) ----------------------------------------------
+# --- question classification (docs/reference.md §4.2) ----------------------------------------------
 
 CATEGORIES = (
     "location",
@@ -99,7 +99,7 @@ def choose_plan_prompt(question: str, plan_memory: str, plans: list[str]) -> str
     )
 
 
-# --- retrieved memories as Planner context (REFERENCE §4.4) ----------------------------------
+# --- retrieved memories as Planner context (docs/reference.md §4.4) ----------------------------------
 
 CONTEXT_HEADER = "# Retrieved Relevant Memories"
 POSITIVE_HEADER = "## Positive Examples (Successful Strategies - {n})"

@@ -3,7 +3,7 @@
 Shared by the memory service (``/plan``, ``/judge_replan``, ``/replan``, ``/replan_train``),
 planner GRPO training and TTRL, so the Planner sees the same text in training and serving.
 Templates use ``str.format`` fields; the filled-in values may contain braces safely.
-Wording follows the reference's prompts as summarised in REFERENCE.md §5 (not copied verbatim).
+Wording follows the reference's prompts as summarised in docs/reference.md §5 (not copied verbatim).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ REPLAN_PROMPT = _REPLAN_BODY
 REPLAN_MEMORY_BLOCK = "{memory}\n\n"
 
 # /replan_train: the synthetic conversation says the first answer was wrong, so the decision turn
-# is a canned "yes" (REFERENCE §3.1; the reference misspelled the role as "assitant").
+# is a canned "yes" (docs/reference.md §3.1; the reference misspelled the role as "assitant").
 REPLAN_TRAIN_DECISION = "<think>\nThe Executor's final answer is incorrect, so the plan must be revised.\n</think>\n\nyes"
 
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")

@@ -6,7 +6,7 @@ Every reward returns ``(score, extras)``; ``extras`` holds the components for lo
     from mia.rewards import executor_reward, planner_reward, nogt_reward, nogt_vote_rewards
 
     judge = build_judge()                                  # rules, containment
-    score, extras = await executor_reward(traj, ["Paris"], judge)          # REFERENCE §7.1
+    score, extras = await executor_reward(traj, ["Paris"], judge)          # docs/reference.md §7.1
     score, extras = await planner_reward(record, ["Paris"], judge)         # §7.2
     score, extras = await nogt_reward(record, panel_judge)                 # §7.3
     rewards = nogt_vote_rewards(["Paris", "paris", "Lyon"])               # [1.0, 1.0, 0.0]

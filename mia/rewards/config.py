@@ -23,7 +23,7 @@ DEFAULT_TOOL_NAMES = ("search", "web_image_to_image_search")
 
 @dataclass
 class ExecutorRewardConfig:
-    """``acc_weight*acc + tool_weight*tool + format_weight*format`` (REFERENCE §7.1)."""
+    """``acc_weight*acc + tool_weight*tool + format_weight*format`` (docs/reference.md §7.1)."""
 
     acc_weight: float = 0.7
     tool_weight: float = 0.2
@@ -40,7 +40,7 @@ class ExecutorRewardConfig:
 @dataclass
 class PlannerRewardConfig:
     """``acc_final_weight*acc2 + acc_first_weight*acc1 + format_weight*format +
-    decision_weight*decision`` (REFERENCE §7.2)."""
+    decision_weight*decision`` (docs/reference.md §7.2)."""
 
     acc_final_weight: float = 0.7
     acc_first_weight: float = 0.2
@@ -50,7 +50,7 @@ class PlannerRewardConfig:
 
 @dataclass
 class NoGTRewardConfig:
-    """``verdict_weight*panel_verdict + format_weight*format`` (REFERENCE §7.3)."""
+    """``verdict_weight*panel_verdict + format_weight*format`` (docs/reference.md §7.3)."""
 
     verdict_weight: float = 0.9
     format_weight: float = 0.1

@@ -1,4 +1,4 @@
-"""The Executor GRPO reward (REFERENCE §7.1), over one :class:`~mia.agent.Trajectory`.
+"""The Executor GRPO reward (docs/reference.md §7.1), over one :class:`~mia.agent.Trajectory`.
 
 ``score = acc_weight*acc + tool_weight*tool + format_weight*format`` where
 

@@ -51,12 +51,12 @@ RewardFn = Callable[[RewardContext], RewardResult | Awaitable[RewardResult]]
 
 
 async def planner_gt_reward(ctx: RewardContext) -> tuple[float, dict[str, Any]]:
-    """The default: the Planner reward (REFERENCE §7.2) against the registered ground truth."""
+    """The default: the Planner reward (docs/reference.md §7.2) against the registered ground truth."""
     return await planner_reward(ctx.record, ctx.ground_truths, ctx.judge, ctx.config)
 
 
 async def nogt_panel_reward(ctx: RewardContext) -> tuple[float, dict[str, Any]]:
-    """No-ground-truth reward (REFERENCE §7.3); run the server with ``--judge panel``."""
+    """No-ground-truth reward (docs/reference.md §7.3); run the server with ``--judge panel``."""
     return await nogt_reward(ctx.record, ctx.judge, ctx.config, question=ctx.question)
 
 

@@ -1,4 +1,4 @@
-"""Rewards without ground truth (REFERENCE §7.3).
+"""Rewards without ground truth (docs/reference.md §7.3).
 
 - :func:`nogt_reward`: ``verdict_weight*panel_verdict + format_weight*format``. The verdict comes
   from a judge that needs no golds -- the review panel (:class:`mia.judge.PanelJudge`: three

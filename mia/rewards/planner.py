@@ -1,4 +1,4 @@
-"""The Planner GRPO reward (REFERENCE §7.2) over one planner episode.
+"""The Planner GRPO reward (docs/reference.md §7.2) over one planner episode.
 
 A planner episode is: plan -> the Executor answers (answer 1) -> the Planner decides yes/no on
 replanning -> if yes, a supplementary plan -> the Executor continues (answer 2).

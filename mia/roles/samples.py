@@ -1,4 +1,4 @@
-"""Training and test samples from the reference data formats (REFERENCE §10).
+"""Training and test samples from the reference data formats (docs/reference.md §10).
 
 :func:`load_samples` reads a parquet / JSON / JSONL file through :func:`mia.data.formats.load_qa`
 and turns every row into the plain dict the episodes read:

@@ -1,4 +1,4 @@
-"""The TTRL memory hooks (REFERENCE §3.2, §8): one batch's rollouts into memory_serve.
+"""The TTRL memory hooks (docs/reference.md §3.2, §8): one batch's rollouts into memory_serve.
 
 ``/memory_bank_save`` (buffer every rollout with its judgement) -> ``/batch_evaluate`` (one
 rollout per question under each selection rule, JSONL files) -> ``/consolidate_memories`` (the

@@ -237,7 +237,7 @@ def _caption(value: str | Sequence[str] | None) -> str | list[str] | None:
 
 
 class MemoryClient(ServiceClient):
-    """memory_serve (ARCHITECTURE §4): retrieval, plans, the TTRL buffer, persistence."""
+    """memory_serve (docs/memory_serve.md): retrieval, plans, the TTRL buffer, persistence."""
 
     service = "memory_serve"
 
