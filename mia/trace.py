@@ -22,6 +22,8 @@ Layout::
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -118,3 +120,68 @@ def format_trace(
     body = format_rounds(messages, max_tool_words=max_tool_words)
     header = QUESTION_HEADER.format(question=question.strip())
     return f"{header}\n\n{body}" if body else header
+
+
+# ----------------------------------------------------------------------------- rule summaries
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_THINK = re.compile(r"<think>(.*?)</think>", re.S)
+_TITLE = re.compile(r"\(Title: ([^)]*)\)")
+_SENTENCE = re.compile(r'(?:(?<=[.!?])|(?<=[.!?]"))\s+')
+
+
+def _queries(call_text: str) -> list[str]:
+    try:
+        call = json.loads(call_text)
+    except ValueError:
+        return []
+    args = call.get("arguments") if isinstance(call, dict) else None
+    if not isinstance(args, dict):
+        return []
+    if call.get("name") == "web_image_to_image_search":
+        return ["<the question's image>"]
+    queries = args.get("query_list") or args.get("queries") or args.get("query") or []
+    return [str(q) for q in ([queries] if isinstance(queries, str) else queries)]
+
+
+def _conclusion(text: str) -> str:
+    """The last sentence of the turn's reasoning: where the Executor says what it found."""
+    thoughts = _THINK.findall(text)
+    sentences = [s.strip() for s in _SENTENCE.split(thoughts[-1].strip())] if thoughts else []
+    return sentences[-1] if sentences else ""
+
+
+def rule_summary(question: str, messages: Iterable[dict[str, Any]], max_titles: int = 3) -> str:
+    """A workflow summary without an LLM: one numbered step per Executor action, in the
+    "purpose (input -> output)" form of the compression prompt, keeping the query strings and
+    the sentence in which the Executor concluded. Deterministic and instant, so small models
+    (the embedded default) get workflows a Planner can copy.
+
+        1. search (query "Vorlanic Institute founded by" -> passages: Vorlanic Institute, ...)
+        2. answer (So the founder of Vorlanic Institute is Kaleth Morvaine. -> "Kaleth Morvaine")
+    """
+    steps: list[str] = []
+    pending: list[str] = []  # queries whose results come in the next tool turn
+    for m in messages:
+        role, text = m.get("role"), content_text(m.get("content"))
+        if role == "assistant":
+            call = _TOOL_CALL.search(text)
+            answer = _ANSWER.search(text)
+            if call:
+                pending = _queries(call.group(1))
+            elif answer:
+                found = _conclusion(text)
+                lead = f"{found} -> " if found else ""
+                steps.append(f'answer ({lead}"{answer.group(1).strip()}")')
+        elif is_revised_plan(m):
+            steps.append("revised plan (the Planner asked for another attempt)")
+        elif pending:
+            titles = list(dict.fromkeys(_TITLE.findall(text)))[: max_titles * len(pending)]
+            shown = ", ".join(titles) if titles else "no passage"
+            qs = "; ".join(f'"{q}"' for q in pending)
+            steps.append(f"search (query {qs} -> passages: {shown})")
+            pending = []
+    if not steps:
+        steps.append("no action (the Executor neither searched nor answered)")
+    return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
