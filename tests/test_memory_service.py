@@ -285,8 +285,10 @@ def test_errors_auth_and_llm_failure(tmp_path: Path) -> None:
             "/memory", content=b"{not json", headers={"content-type": "application/json"}
         )
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_json"
-        r = client.post("/load_memory", json={"path": str(tmp_path / "missing.sqlite")})
-        assert r.status_code == 404
+        r = client.post("/load_memory", json={"path": "missing.sqlite"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == (
+            "nothing to load at missing.sqlite"
+        )
 
 
 def test_restart_keeps_memories_without_reembedding(tmp_path: Path) -> None:
@@ -325,7 +327,8 @@ def test_ttrl_buffer_evaluate_consolidate_save_load(tmp_path: Path) -> None:
 
     manager = ScriptedChat(manager_reply)
     out = tmp_path / "ttrl"
-    with running(tmp_path, manager, overrides=(f"ttrl.output_dir={out}",)) as (client, svc):
+    overrides = (f"ttrl.output_dir={out}", f"persist.allowed_root={tmp_path}")
+    with running(tmp_path, manager, overrides=overrides) as (client, svc):
         client.post("/memories", json=[item("Seed one?"), item("Seed two?")])
         qa, qb = "Which river flows through Rome?", "Who wrote Faust?"
         plans = ["1. x\n2. y", "1. x", "1. x\n2. y\n3. z"]
@@ -441,7 +444,11 @@ def test_persist_allowed_root(tmp_path: Path) -> None:
         _,
     ):
         r = client.post("/save_memory", json={"path": str(tmp_path / "elsewhere.sqlite")})
-        assert r.status_code == 403 and "outside the allowed folder" in r.json()["error"]["message"]
+        assert r.status_code == 403 and r.json()["error"] == {
+            "code": "path_not_allowed",
+            "message": f"path {str(tmp_path / 'elsewhere.sqlite')!r} is outside the "
+            "persistence folder (persist.allowed_root)",
+        }
         r = client.post("/save_memory", json={"path": str(root / "m.sqlite")})
         assert r.status_code == 200 and (root / "m.sqlite").is_file()
         assert client.post("/save_memory").status_code == 400  # no path, no ttrl.output_dir
