@@ -33,9 +33,19 @@ class RequestFailed(Exception):
     ``status`` is the HTTP status of an error answer (the service decided: nothing was done),
     or None when the outcome is unknown (timeout, connection dropped mid-request)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code  # the error envelope's code, when the service sent one
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    err = body.get("error") if isinstance(body, dict) else None
+    return str(err["code"]) if isinstance(err, dict) and err.get("code") else None
 
 
 def _error_message(resp: httpx.Response) -> str:
@@ -97,6 +107,7 @@ class ServiceClient:
             raise RequestFailed(
                 f"{self.name} {path}: HTTP {resp.status_code} {_error_message(resp)}",
                 status=resp.status_code,
+                code=_error_code(resp),
             )
         try:
             return resp.json()

@@ -144,6 +144,22 @@ async def run_question(item: QAItem, index: int, ctx: FlowContext) -> dict[str, 
     return row
 
 
+async def _planner(
+    ctx: FlowContext, path: str, payload: dict[str, Any], errors: list[str]
+) -> dict[str, Any] | None:
+    """A planner route's answer, or None when the planner LLM gave nothing usable (502
+    ``llm_empty``: no plan, no yes/no): the step is skipped and the reason recorded in
+    ``errors`` (retrying a greedy model would not help). Other failures fail the question."""
+    assert ctx.memory is not None
+    try:
+        return await ctx.memory.post(path, payload)
+    except RequestFailed as err:
+        if err.code != "llm_empty":
+            raise
+        errors.append(" ".join(str(err).split()))
+        return None
+
+
 async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
     p = ctx.policy
     caption = item.image_caption or None
@@ -152,16 +168,17 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
     plan, plan_messages, planner = "", None, None
     used: list[int] = []
     context = None
+    planner_errors: list[str] = []
     if p.planner:
-        assert ctx.memory is not None
         req = (
             dict(query, mem_top_k=0)
             if not p.retrieve
             else _opt(dict(query), "mem_top_k", ctx.top_k)
         )
-        planned = await ctx.memory.post("/plan", req)
-        plan, plan_messages = planned["plan"], planned["messages"]
-        used, planner = list(planned["memory_ids"]), planned["planner"]
+        planned = await _planner(ctx, "/plan", req, planner_errors)
+        if planned is not None:  # else the Executor goes without a guide
+            plan, plan_messages = planned["plan"], planned["messages"]
+            used, planner = list(planned["memory_ids"]), planned["planner"]
     elif p.retrieve:
         assert ctx.memory is not None
         found = await ctx.memory.post("/memory", _opt(dict(query), "mem_top_k", ctx.top_k))
@@ -183,17 +200,19 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
     need_replan, replan, replanned = None, None, False
 
     if p.planner and ctx.reflect and plan_messages and first["stop_reason"] in FINAL_STOPS:
-        assert ctx.memory is not None
-        judged = await ctx.memory.post(
+        judged = await _planner(
+            ctx,
             "/judge_replan",
             {"workflow": first["trace"], "past_messages": plan_messages, "memory_ids": used},
+            planner_errors,
         )
-        need_replan = bool(judged["need_replan"])
-        if need_replan:
+        need_replan = None if judged is None else bool(judged["need_replan"])
+        if judged is not None and need_replan:
             replanned_req = dict(query, past_messages=judged["messages"])
             replanned_req["mem_top_k"] = ctx.replan_top_k
-            replan = (await ctx.memory.post("/replan", replanned_req))["replan"]
-            if replan.strip():
+            revised = await _planner(ctx, "/replan", replanned_req, planner_errors)
+            replan = None if revised is None else revised["replan"]
+            if replan and replan.strip():
                 cont = {
                     "question": item.question,
                     "data_id": item.id,
@@ -224,6 +243,7 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
         "need_replan": need_replan,
         "replan": replan,
         "replanned": replanned,
+        "planner_errors": planner_errors,  # planner steps skipped: no plan / no decision
         "used_memory_ids": used,
         "trace": trace,
         "messages": messages,
