@@ -93,8 +93,8 @@ class PlannerConfig:
     replan_top_k: int = 1
     replan_include_memory: bool = False  # the reference's replan prompt had the slot disabled
     replan_train_variant: str = "image"  # "image" (reference) | "text" | "auto" (by caption)
-    # A reply with no plan / no yes-no decision (empty, think-only) is asked again this many
-    # times when sampling is not greedy (temperature 0 would repeat it), then answers 502.
+    # A reply with no plan / no yes-no decision (empty, think-only) is an upstream fault: asked
+    # again this many times, then the route answers 502 llm_empty.
     empty_retries: int = 2
 
 

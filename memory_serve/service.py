@@ -164,12 +164,10 @@ class MemoryService:
         parse: Callable[[str], T | None],
     ) -> tuple[str, T]:
         """The LLM's reply and its parsed value. A reply with nothing usable (empty, only
-        ``<think>``, no decision) is an upstream fault like a 5xx: asked again (when sampling
-        can give another answer), then 502 ``llm_empty``; never a silent ``""`` or "no"."""
+        ``<think>``, no decision) is an upstream fault like a 5xx: asked again
+        (``planner.empty_retries``), then 502 ``llm_empty``; never a silent ``""`` or "no"."""
         params = self._planner_params(backend)
-        effective = params or getattr(backend, "defaults", None)
-        greedy = isinstance(effective, SamplingParams) and effective.temperature == 0
-        attempts = 1 if greedy else 1 + self.cfg.planner.empty_retries
+        attempts = 1 + self.cfg.planner.empty_retries
         text = ""
         for attempt in range(attempts):
             text = (await self._chat(backend, messages, params)).text

@@ -104,7 +104,9 @@ def _find_surrogate(value: Any, where: str) -> str | None:
     else:
         return None
     for key, item in items:
-        here = f"{where}.{key}" if where != "body" else str(key)
+        # The location is echoed in the error: a bad key is shown escaped, not as a surrogate.
+        name = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key
+        here = f"{where}.{name}" if where != "body" else str(name)
         if isinstance(key, str) and _find_surrogate(key, here) is not None:
             return here
         found = _find_surrogate(item, here)
