@@ -161,7 +161,8 @@ def create_app(
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s", title)
-        return error_response(500, f"{type(exc).__name__}: {exc}")
+        # The exception's text may hold server paths or data: it goes to the log, not the client.
+        return error_response(500, f"internal error ({type(exc).__name__}); see the service log")
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):  # type: ignore[no-untyped-def]
