@@ -185,10 +185,14 @@ class MemoryStore:
         self._plans: dict[int, PlanPair] = {}
         self._plan_buckets: dict[Bucket, BucketIndex] = {}
         with self._write_lock:
-            self._conn = self._connect()
-            self._conn.executescript(_SCHEMA)
-            self._check_meta(reembed_on_mismatch)
-            self._load()
+            try:
+                self._conn = self._connect()
+                self._conn.executescript(_SCHEMA)
+                self._check_meta(reembed_on_mismatch)
+                self._load()
+            except (sqlite3.DatabaseError, ValueError, TypeError) as err:
+                # A damaged file is one clear line at start-up, not a traceback.
+                raise MiaError(f"cannot open the memory store {self.db_path}: {err}") from None
 
     # ------------------------------------------------------------------ lifecycle / meta
 
