@@ -15,6 +15,7 @@ from memory_serve.app import build_app
 from memory_serve.config import load_config
 from memory_serve.context import format_context
 from memory_serve.planning import plan_messages
+from memory_serve.records import NewMemory
 from memory_serve.service import MemoryService
 from memory_serve.store import MemoryStore
 from memory_serve.ttrl import seeded_rng
@@ -772,3 +773,17 @@ def test_classifier_buckets_and_nogt_feedback(tmp_path: Path) -> None:
         assert manager.calls[-1]["messages"] == [
             {"role": "user", "content": classify_prompt("Who founded Carthage?")}
         ]
+
+
+def test_damaged_database_is_one_clear_error_at_start(tmp_path: Path) -> None:
+    import sqlite3
+
+    from mia.errors import MiaError
+
+    db = tmp_path / "memory.sqlite"
+    with MemoryStore(db, shared_embedder()) as store:
+        store.add(NewMemory("Where is the Louvre?", "1. s", "correct"))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE memories SET extra = '[1'")
+    with pytest.raises(MiaError, match=f"cannot open the memory store {db}: "):
+        MemoryStore(db, shared_embedder())
