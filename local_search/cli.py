@@ -1,10 +1,12 @@
-"""``python -m local_search build|serve`` (also ``mia search build|serve``)."""
+"""``python -m local_search build|serve|verify`` (also ``mia search ...``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 from mia.errors import MiaError
 from mia.http import add_server_args
@@ -83,6 +85,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="ivfpq: re-score rerank*topk candidates (10; 0=off)",
     )
     p.add_argument("--device", default=None, help="dense: torch device for queries (cpu)")
+    p.add_argument(
+        "--verify",
+        choices=("fast", "full"),
+        default=None,
+        help="index check before serving: fast (size, mtime, first/last 64 KiB; default) or "
+        "full (sha256 of every byte)",
+    )
     p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
     add_server_args(p, default_port=8001, env_prefix="LOCAL_SEARCH")
     return p
@@ -99,6 +108,7 @@ def serve_main(argv: list[str]) -> None:
         ("ef_search", args.ef_search),
         ("rerank", args.rerank),
         ("device", args.device),
+        ("verify", args.verify),
     ):
         if value is not None:
             setattr(cfg, attr, value)
@@ -121,17 +131,60 @@ def serve_main(argv: list[str]) -> None:
         retriever.close()
 
 
-_COMMANDS = {"build": build_main, "serve": serve_main}
+def verify_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(
+        prog="local_search verify",
+        description="Check every byte of an index against the checksums in its manifest.",
+    )
+    p.add_argument("--index", required=True, help="index folder made by `build`")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="record checksums in an index built without them, or refresh the recorded "
+        "mtimes of an intact copy (after the full check)",
+    )
+    args = p.parse_args(argv)
+    from dataclasses import asdict
+
+    from mia.paths import atomic_write_text
+
+    from .index import MANIFEST, read_manifest
+    from .integrity import record_all, touch_records, verify_index
+
+    d = Path(args.index)
+    manifest = read_manifest(d)  # sizes checked
+    if not manifest.checksums:
+        if not args.update:
+            raise MiaError(
+                f"index {d} has no checksums (built before they were recorded); "
+                f"`python -m local_search verify --index {d} --update` records them"
+            )
+        manifest.checksums = record_all(d, list(manifest.files))
+        what = "recorded checksums of"
+    else:
+        verify_index(d, manifest.files, manifest.checksums, "full")
+        what = "verified"
+        if args.update:
+            touch_records(d, manifest.checksums)
+            what = "verified (mtimes refreshed)"
+    if args.update:
+        atomic_write_text(d / MANIFEST, json.dumps(asdict(manifest), indent=2) + "\n")
+    print(f"local_search: {what} {len(manifest.files)} files of {d}", flush=True)
+
+
+_COMMANDS = {"build": build_main, "serve": serve_main, "verify": verify_main}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Dispatch ``build`` / ``serve``; MiaError propagates (the caller prints it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m local_search {build,serve} [options]  (-h after one for help)")
+        print(
+            "usage: python -m local_search {build,serve,verify} [options]  (-h after one for help)"
+        )
         raise SystemExit(0 if argv else 2)
     if argv[0] not in _COMMANDS:
-        raise MiaError(f"unknown command {argv[0]!r} (use build or serve)")
+        raise MiaError(f"unknown command {argv[0]!r} (use build, serve or verify)")
     _COMMANDS[argv[0]](argv[1:])
 
 

@@ -69,6 +69,9 @@ class ServeConfig:
     ef_search: int = 128
     rerank: int = 10
     device: str = "cpu"
+    # Index files checked before serving: fast (size, mtime, first/last 64 KiB; a changed mtime
+    # means a full hash of that file) | full (every byte of every file).
+    verify: str = "fast"
 
     def validate(self) -> None:
         if not 1 <= self.default_topk <= self.max_topk:
@@ -77,6 +80,8 @@ class ServeConfig:
             raise MiaError("max_queries, nprobe and ef_search must be >= 1")
         if self.rerank < 0:
             raise MiaError("rerank must be >= 0 (0 = off)")
+        if self.verify not in ("fast", "full"):
+            raise MiaError(f"verify must be fast or full, got {self.verify!r}")
 
 
 @dataclass

@@ -4,12 +4,14 @@ An index folder holds ``docs.jsonl`` + ``docs.offsets.npy`` (see corpus.py), the
 and ``index.json``, the manifest. The folder is assembled under a temporary sibling name and
 renamed into place only when complete (``mia.paths.atomic_dir``), and the manifest is the last
 file written, so an interrupted build never leaves a folder that looks valid. The manifest
-records every file's size; ``open_index`` checks them before loading anything heavy.
+records every file's size and checksums (:mod:`local_search.integrity`); ``open_index`` checks
+them before loading anything heavy.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -22,6 +24,9 @@ from mia.paths import atomic_dir, atomic_write_text
 
 from .config import BuildConfig, ServeConfig
 from .corpus import DocId, DocStore, write_docstore
+from .integrity import record_all, verify_index
+
+log = logging.getLogger("local_search")
 
 MANIFEST = "index.json"
 FORMAT = "mia-local-search"
@@ -53,6 +58,8 @@ class Manifest:
     dim: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
+    # name -> {size, mtime_ns, sha256, edges_sha256}; empty in indexes built before checksums.
+    checksums: dict[str, dict[str, Any]] = field(default_factory=dict)
     corpus_path: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
@@ -148,6 +155,8 @@ def build_index(
         manifest.files = {
             p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.name != MANIFEST
         }
+        # The rename into place keeps the files' mtimes, so the fast check holds after it.
+        manifest.checksums = record_all(tmp, list(manifest.files))
         manifest.created = _now()
         # Last write: until this file exists the folder is not an index.
         atomic_write_text(tmp / MANIFEST, json.dumps(asdict(manifest), indent=2) + "\n")
@@ -190,6 +199,8 @@ def open_index(index_dir: str | os.PathLike[str], serve: ServeConfig | None = No
     serve = serve or ServeConfig()
     d = Path(index_dir)
     manifest = read_manifest(d)
+    for note in verify_index(d, manifest.files, manifest.checksums, serve.verify):
+        log.warning("%s", note)
     try:
         if manifest.method == "bm25":
             from .bm25 import Bm25Retriever

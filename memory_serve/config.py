@@ -94,6 +94,9 @@ class PlannerConfig:
     replan_top_k: int = 1
     replan_include_memory: bool = False  # the reference's replan prompt had the slot disabled
     replan_train_variant: str = "image"  # "image" (reference) | "text" | "auto" (by caption)
+    # A reply with no plan / no yes-no decision (empty, think-only) is an upstream fault: asked
+    # again this many times, then the route answers 502 llm_empty.
+    empty_retries: int = 2
 
 
 @dataclass
@@ -107,7 +110,9 @@ class TTRLConfig:
 
 @dataclass
 class PersistConfig:
-    # When set, /save_memory and /load_memory only accept paths under this folder.
+    # Where /save_memory, /load_memory and /batch_evaluate may read and write (persist.py):
+    # None = $MIA_HOME/memory/backups and $MIA_HOME/runs; a folder = only that folder;
+    # "any" = anywhere (the explicit opt-out). Relative paths resolve under the first root.
     allowed_root: str | None = None
 
 
@@ -161,6 +166,11 @@ class MemoryServeConfig:
             (self.compress.concurrency >= 1, "compress.concurrency must be >= 1"),
             (self.compress.on_empty in ("error", "trace"), "compress.on_empty must be error|trace"),
             (self.ttrl.concurrency >= 1, "ttrl.concurrency must be >= 1"),
+            (self.planner.empty_retries >= 0, "planner.empty_retries must be >= 0"),
+            (
+                self.persist.allowed_root is None or str(self.persist.allowed_root).strip() != "",
+                "persist.allowed_root must be null, a folder or 'any'",
+            ),
             (
                 self.planner.replan_train_variant in ("image", "text", "auto"),
                 "planner.replan_train_variant must be image|text|auto",

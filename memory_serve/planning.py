@@ -6,11 +6,26 @@ or planner LLM. Keeping them here lets tests and planner training rebuild the ex
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mia.prompts import planner as P
 
 Message = dict[str, Any]
+_YES = re.compile(r"\byes\b", re.IGNORECASE)
+_NO = re.compile(r"\bno\b", re.IGNORECASE)
+
+
+def parse_decision_strict(text: str) -> bool | None:
+    """The reflection's decision: True (replan) if the answer part says "yes", False if it says
+    "no", None when it says neither (an empty or think-only reply): not a decision at all.
+    "yes" wins when both appear, as in :func:`mia.prompts.planner.parse_decision`."""
+    answer = P.text_after_think(text)
+    if _YES.search(answer):
+        return True
+    if _NO.search(answer):
+        return False
+    return None
 
 
 def plan_messages(context: str, question: str, *, image: bool) -> list[Message]:

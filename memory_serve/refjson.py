@@ -10,6 +10,7 @@ The reference stores no embeddings, so an import re-embeds every question and ca
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,19 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=4, ensure_ascii=False))
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
+def read_json(path: str | Path, where: str | None = None) -> dict[str, Any]:
+    """Parse a reference-layout file; errors name it as ``where`` (default: the path)."""
     path = Path(path)
+    where = where or str(path)
     if not path.is_file():
-        raise MiaError(f"no memory file at {path}")
+        raise MiaError(f"no memory file at {where}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise MiaError(f"{path} is not valid JSON: {err}") from None
+        raise MiaError(f"{where} is not valid JSON: {err}") from None
     if not isinstance(data, dict) or not set(data) <= set(MODALITIES):
         raise MiaError(
-            f"{path}: expected the reference layout {{modality: {{category: [entries]}}}} "
+            f"{where}: expected the reference layout {{modality: {{category: [entries]}}}} "
             f"with modalities {list(MODALITIES)}"
         )
     return data
@@ -124,7 +127,20 @@ def is_plan_layout(data: dict[str, Any]) -> bool:
 
 
 def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
+    if value is None:
+        return None
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value!r:.40}")
+    return number
+
+
+def _counters(usage: int, success: int, win_rate: float) -> None:
+    """Counters a store can hold: NaN or negative values would poison every ranking."""
+    if usage < 0 or success < 0:
+        raise ValueError(f"usage_count/success_count must be >= 0, got {usage}/{success}")
+    if not (math.isfinite(win_rate) and 0.0 <= win_rate <= 1.0):
+        raise ValueError(f"win_rate must be in [0, 1], got {win_rate!r}")
 
 
 def parse_workflows(data: dict[str, Any], where: str = "memory file") -> list[NewMemory]:
@@ -142,6 +158,8 @@ def _parse_workflows(data: dict[str, Any], where: str) -> list[NewMemory]:
         extra = {k: v for k, v in e.items() if k not in known}
         usage = int(e.get("usage_count", 1))
         success = int(e.get("success_count", 1))
+        win_rate = float(e.get("win_rate", success / usage if usage else 1.0))
+        _counters(usage, success, win_rate)
         mems.append(
             NewMemory(
                 question=e["question"],
@@ -156,7 +174,7 @@ def _parse_workflows(data: dict[str, Any], where: str) -> list[NewMemory]:
                 extra=extra,
                 usage_count=usage,
                 success_count=success,
-                win_rate=float(e.get("win_rate", success / usage if usage else 1.0)),
+                win_rate=win_rate,
                 created_at=_float_or_none(e.get("created_at")),
             )
         )

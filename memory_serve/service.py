@@ -23,8 +23,15 @@ from memory_serve.compress import Compressor
 from memory_serve.config import MemoryServeConfig
 from memory_serve.context import format_context, format_plan_pairs
 from memory_serve.llms import sampling
+from memory_serve.persist import (
+    PersistPolicy,
+    check_evaluation_target,
+    check_folder,
+    check_target,
+)
 from memory_serve.planning import (
     judge_messages,
+    parse_decision_strict,
     plan_messages,
     replan_messages,
     replan_train_messages,
@@ -54,7 +61,7 @@ from mia.errors import MiaError
 from mia.http import ApiError
 from mia.llm.base import ChatBackend, ChatResult, LLMError, Message, SamplingParams
 from mia.prompts.manager import choose_plan_prompt
-from mia.prompts.planner import parse_decision, text_after_think
+from mia.prompts.planner import text_after_think
 
 log = logging.getLogger("memory_serve")
 T = TypeVar("T")
@@ -91,6 +98,21 @@ async def _bounded(limit: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> li
     return await gather_all([one(j) for j in jobs])
 
 
+def _non_empty(text: str) -> str | None:
+    """The answer part of a reply (after ``</think>``), or None when there is none."""
+    return text_after_think(text) or None
+
+
+def _reason(err: OSError) -> str:
+    """An OS error without the server path its ``str`` would show."""
+    return err.strerror or type(err).__name__
+
+
+def _shown(raw: str, name: str) -> str:
+    """How a file inside the client's folder ``raw`` is named in messages."""
+    return f"{raw.rstrip('/')}/{name}"
+
+
 def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcome:
     return S.WriteOutcome(
         action=result.action,  # type: ignore[arg-type]
@@ -119,6 +141,7 @@ class MemoryService:
         self.planner = planner or manager
         self.compressor = Compressor(cfg.compress, manager)
         self.classifier = Classifier(cfg.classifier, manager)
+        self.persist = PersistPolicy.from_config(cfg.persist.allowed_root, cfg.ttrl.output_dir)
 
     # ------------------------------------------------------------------ helpers
 
@@ -131,6 +154,32 @@ class MemoryService:
             return await backend.chat(messages, params)
         except LLMError as err:
             raise ApiError(502, f"LLM call failed: {err}", "llm_error") from None
+
+    async def _ask(
+        self,
+        backend: ChatBackend | None,
+        who: str,
+        messages: list[Message],
+        what: str,
+        parse: Callable[[str], T | None],
+    ) -> tuple[str, T]:
+        """The LLM's reply and its parsed value. A reply with nothing usable (empty, only
+        ``<think>``, no decision) is an upstream fault like a 5xx: asked again
+        (``planner.empty_retries``), then 502 ``llm_empty``; never a silent ``""`` or "no"."""
+        params = self._planner_params(backend)
+        attempts = 1 + self.cfg.planner.empty_retries
+        text = ""
+        for attempt in range(attempts):
+            text = (await self._chat(backend, messages, params)).text
+            value = parse(text)
+            if value is not None:
+                return text, value
+            log.warning("%s LLM: no %s in reply (attempt %d/%d)", who, what, attempt + 1, attempts)
+        raise ApiError(
+            502,
+            f"the {who} LLM gave no {what} in {attempts} attempt(s) (reply {text[:200]!r})",
+            "llm_empty",
+        )
 
     def _planner_params(self, backend: ChatBackend | None) -> SamplingParams | None:
         if backend is None:
@@ -175,17 +224,8 @@ class MemoryService:
         return self.cfg.store.retrieval.top_k if default is None else default
 
     def _check_path(self, raw: str) -> Path:
-        # A NUL byte (ValueError) or an unknown ~user (RuntimeError) is bad input, not a 500.
-        try:
-            path = Path(raw).expanduser().resolve()
-        except (ValueError, RuntimeError, OSError) as err:
-            raise ApiError(400, f"invalid path {raw[:200]!r}: {err}") from None
-        root = self.cfg.persist.allowed_root
-        if root is not None:
-            base = Path(root).expanduser().resolve()
-            if not path.is_relative_to(base):
-                raise ApiError(403, f"path {raw!r} is outside the allowed folder {base}")
-        return path
+        """A client's path resolved under the persistence policy (400/403 otherwise)."""
+        return self.persist.resolve(raw)
 
     # ------------------------------------------------------------------ retrieval / planning
 
@@ -205,10 +245,10 @@ class MemoryService:
         context = format_context(r)
         messages = plan_messages(context, q.question, image=modality == TEXT_IMAGE)
         backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
-        result = await self._chat(backend, messages, self._planner_params(backend))
-        messages.append({"role": "assistant", "content": result.text})
+        text, plan = await self._ask(backend, who, messages, "plan", _non_empty)
+        messages.append({"role": "assistant", "content": text})
         return S.PlanResponse(
-            plan=text_after_think(result.text),
+            plan=plan,
             messages=messages,
             memory_ids=r.positive_ids + r.negative_ids,
             positive_ids=r.positive_ids,
@@ -224,9 +264,10 @@ class MemoryService:
         # As /plan: a question planned on a cold start is also judged by the manager.
         cold = len(req.memory_ids) < 2 * self.cfg.store.retrieval.top_k
         backend, who = self._pick(cold)
-        result = await self._chat(backend, messages, self._planner_params(backend))
-        messages.append({"role": "assistant", "content": result.text})
-        need = parse_decision(result.text)
+        text, need = await self._ask(
+            backend, who, messages, "yes/no decision", parse_decision_strict
+        )
+        messages.append({"role": "assistant", "content": text})
         return S.JudgeReplanResponse(
             need_replan=need,
             decision="yes" if need else "no",
@@ -240,10 +281,10 @@ class MemoryService:
         memory = format_context(r) if self.cfg.planner.replan_include_memory else None
         messages = replan_messages(S.dump_messages(req.past_messages), req.question, memory)
         backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
-        result = await self._chat(backend, messages, self._planner_params(backend))
-        messages.append({"role": "assistant", "content": result.text})
+        text, replan = await self._ask(backend, who, messages, "revised plan", _non_empty)
+        messages.append({"role": "assistant", "content": text})
         return S.ReplanResponse(
-            replan=text_after_think(result.text),
+            replan=replan,
             messages=messages,
             planner=who,  # type: ignore[arg-type]
         )
@@ -469,7 +510,11 @@ class MemoryService:
         if not out:
             raise ApiError(400, "no output_dir in the request and ttrl.output_dir is not set")
         out_dir = self._check_path(out)
+        check_folder(out_dir, out)
         rules = list(req.rules or self.cfg.ttrl.rules)
+        for rule in rules:  # append only to files this route wrote
+            name = f"evaluated-{rule}.jsonl"
+            check_evaluation_target(out_dir / name, rule, _shown(out, name))
         if "choice" in rules and self.manager is None:
             raise ApiError(400, "the 'choice' rule needs a manager LLM")
         seed = self.cfg.ttrl.seed if req.seed is None else req.seed
@@ -503,7 +548,7 @@ class MemoryService:
         try:
             files = await asyncio.to_thread(write_files)
         except OSError as err:
-            raise ApiError(400, f"cannot write to {out}: {err}") from None
+            raise ApiError(400, f"cannot write to {out}: {_reason(err)}") from None
         accuracy: dict[str, float | None] = {}
         for rule in rules:
             hits = [groups[j][i].judgement == CORRECT for j, i in enumerate(picks[rule])]
@@ -557,6 +602,17 @@ class MemoryService:
             else self._format_of(path, req.format)
         )
         store = self.store
+        # Nothing but a memory backup is ever replaced (and never the live database).
+        if fmt == "dir":
+            check_folder(path, raw)
+            for name, kind in (
+                (DIR_SQLITE, "sqlite"),
+                (DIR_WORKFLOWS, "json"),
+                (DIR_PLANS, "json"),
+            ):
+                check_target(path / name, kind, _shown(raw, name), store.db_path)
+        else:
+            check_target(path, fmt, raw, store.db_path)
 
         def work() -> list[str]:
             if fmt == "sqlite":
@@ -572,7 +628,9 @@ class MemoryService:
 
         try:
             files = await asyncio.to_thread(work)
-        except (OSError, sqlite3.Error) as err:
+        except OSError as err:
+            raise ApiError(400, f"cannot save to {raw}: {_reason(err)}") from None
+        except sqlite3.Error as err:
             raise ApiError(400, f"cannot save to {raw}: {err}") from None
         return S.SaveResponse(
             format=fmt,  # type: ignore[arg-type]
@@ -582,61 +640,74 @@ class MemoryService:
         )
 
     async def load(self, req: S.LoadRequest) -> S.LoadResponse:
-        path = self._check_path(req.path)
+        raw = req.path
+        path = self._check_path(raw)
         try:
             exists = path.exists()
         except OSError as err:  # e.g. a file name over the OS limit
-            raise ApiError(400, f"cannot load {req.path[:200]!r}: {err}") from None
+            raise ApiError(400, f"cannot load {raw[:200]!r}: {_reason(err)}") from None
         if not exists:
-            raise ApiError(404, f"nothing to load at {req.path}")
+            raise ApiError(404, f"nothing to load at {raw}")
         fmt = self._format_of(path, req.format)
         if fmt == "dir" and not path.is_dir():
-            raise ApiError(400, f"{req.path} is not a folder (use format sqlite or json)")
+            raise ApiError(400, f"{raw} is not a folder (use format sqlite or json)")
         store = self.store
 
-        def import_json(files: list[Path]) -> int:
-            datas = [read_json(f) for f in files]  # parse everything before clearing
-            parsed = [
-                (parse_plan_pairs(d, str(f)), True)
-                if is_plan_layout(d)
-                else (parse_workflows(d, str(f)), False)
-                for d, f in zip(datas, files, strict=True)
-            ]
-            if req.mode == "replace":  # replace the kinds being loaded, keep the others
-                store.clear(
-                    memories=any(not plans for _, plans in parsed),
-                    plan_pairs=any(plans for _, plans in parsed),
-                    rollouts=False,
-                )
-            n = 0
-            for entries, plans in parsed:
-                if plans:
-                    n += store.import_plan_pairs(entries)
+        def import_json(files: list[tuple[Path, str]]) -> int:
+            # Everything is parsed before the store is touched, then written into a copy of
+            # the store that replaces it only when the whole import succeeded.
+            parsed = []
+            for f, shown in files:
+                data = read_json(f, shown)
+                if is_plan_layout(data):
+                    parsed.append((parse_plan_pairs(data, shown), True))
                 else:
-                    n += len(store.import_memories(entries, progress=True))
-            return n
+                    parsed.append((parse_workflows(data, shown), False))
+
+            def fill(staging: MemoryStore) -> int:
+                if req.mode == "replace":  # replace the kinds being loaded, keep the others
+                    staging.clear(
+                        memories=any(not plans for _, plans in parsed),
+                        plan_pairs=any(plans for _, plans in parsed),
+                        rollouts=False,
+                    )
+                n = 0
+                for entries, plans in parsed:
+                    if plans:
+                        n += staging.import_plan_pairs(entries)
+                    else:
+                        n += len(staging.import_memories(entries, progress=True))
+                return n
+
+            return store.rebuild(fill, copy_live=True)
 
         def work() -> int:
             if fmt == "sqlite" or (fmt == "dir" and (path / DIR_SQLITE).is_file()):
                 if req.mode != "replace":
                     raise MiaError("a SQLite copy can only be loaded with mode=replace")
-                store.restore(
-                    path / DIR_SQLITE if fmt == "dir" else path, reembed_on_mismatch=req.reembed
+                src, shown = (
+                    (path / DIR_SQLITE, _shown(raw, DIR_SQLITE)) if fmt == "dir" else (path, raw)
                 )
+                store.restore(src, reembed_on_mismatch=req.reembed, shown=shown)
                 return len(store) + len(store.plan_pairs())
             if fmt == "json":
-                return import_json([path])
-            files = [path / n for n in (DIR_WORKFLOWS, DIR_PLANS) if (path / n).is_file()]
+                return import_json([(path, raw)])
+            files = [
+                (path / n, _shown(raw, n))
+                for n in (DIR_WORKFLOWS, DIR_PLANS)
+                if (path / n).is_file()
+            ]
             if not files:
-                raise MiaError(f"{path} holds no {DIR_SQLITE}, {DIR_WORKFLOWS} or {DIR_PLANS}")
+                raise MiaError(f"{raw} holds no {DIR_SQLITE}, {DIR_WORKFLOWS} or {DIR_PLANS}")
             return import_json(files)
 
         try:
             imported = await asyncio.to_thread(work)
-        except MiaError as err:
-            raise ApiError(400, str(err)) from None
-        except (OSError, sqlite3.Error) as err:
-            raise ApiError(400, f"cannot load {req.path}: {err}") from None
+        except OSError as err:
+            raise ApiError(400, f"cannot load {raw}: {_reason(err)}") from None
+        except (MiaError, ValueError, TypeError, sqlite3.Error) as err:
+            # ValueError covers text a JSON file holds that SQLite cannot store (UnicodeError).
+            raise ApiError(400, str(err) or type(err).__name__) from None
         return S.LoadResponse(
             format=fmt,  # type: ignore[arg-type]
             memories=len(store),

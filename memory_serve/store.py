@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -42,11 +44,13 @@ from memory_serve.records import (
     WriteResult,
     modality_of,
 )
+from memory_serve.restore import BackupInfo, copy_rows, open_backup, read_meta
 from memory_serve.scoring import combined_score, minmax, mixed_similarity, rank, top_positions
 from mia.embedding import Embedder
 from mia.errors import MiaError
 
 log = logging.getLogger("memory_serve.store")
+T = TypeVar("T")
 
 SCHEMA_VERSION = "1"
 Bucket = tuple[str, str]  # (modality, category)
@@ -180,19 +184,27 @@ class MemoryStore:
         self._buckets: dict[Bucket, BucketIndex] = {}
         self._plans: dict[int, PlanPair] = {}
         self._plan_buckets: dict[Bucket, BucketIndex] = {}
-        # Autocommit mode: transactions are opened explicitly with BEGIN IMMEDIATE.
-        self._conn = sqlite3.connect(
-            str(self.db_path), check_same_thread=False, isolation_level=None, timeout=30.0
-        )
         with self._write_lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a committed write survives a killed process (not a power cut).
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SCHEMA)
-            self._check_meta(reembed_on_mismatch)
-            self._load()
+            try:
+                self._conn = self._connect()
+                self._conn.executescript(_SCHEMA)
+                self._check_meta(reembed_on_mismatch)
+                self._load()
+            except (sqlite3.DatabaseError, ValueError, TypeError) as err:
+                # A damaged file is one clear line at start-up, not a traceback.
+                raise MiaError(f"cannot open the memory store {self.db_path}: {err}") from None
 
     # ------------------------------------------------------------------ lifecycle / meta
+
+    def _connect(self) -> sqlite3.Connection:
+        # Autocommit mode: transactions are opened explicitly with BEGIN IMMEDIATE.
+        conn = sqlite3.connect(
+            str(self.db_path), check_same_thread=False, isolation_level=None, timeout=30.0
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a committed write survives a killed process (not a power cut).
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
 
     def close(self) -> None:
         with self._write_lock:
@@ -834,37 +846,125 @@ class MemoryStore:
         tmp.replace(path)
         return path
 
-    def restore(self, path: str | Path, *, reembed_on_mismatch: bool = False) -> None:
-        """Replace the whole store by a copy made with :meth:`backup` and rebuild the indexes."""
-        path = Path(path)
+    def restore(
+        self, path: str | Path, *, reembed_on_mismatch: bool = False, shown: str | None = None
+    ) -> BackupInfo:
+        """Replace the whole store by a SQLite backup (one made by :meth:`backup`).
+
+        Every row and embedding blob is checked while it is copied into a new file, which is
+        swapped in only when complete (:meth:`rebuild`): a bad backup changes nothing, on disk
+        or in memory. ``shown`` names the file in error messages (default: ``path``).
+        """
+        path, shown = Path(path), shown or str(path)
         if not path.is_file():
-            raise MiaError(f"no memory database at {path}")
-        try:
-            src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            raise MiaError(f"no memory database at {shown}")
+
+        def fill(staging: MemoryStore) -> BackupInfo:
+            src = open_backup(path, shown)
             try:
-                tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master")}
-                if not {"meta", "memories", "plan_pairs", "rollouts"} <= tables:
-                    raise MiaError(f"{path} is not a MIA memory database")
-                meta = dict(src.execute("SELECT key, value FROM meta").fetchall())
-                if meta.get("schema_version") != SCHEMA_VERSION:
-                    raise MiaError(f"{path}: unsupported schema {meta.get('schema_version')!r}")
-                same = meta.get("embedder") == self.embedder.name and meta.get("dim") == str(
-                    self.dim
-                )
+                info = read_meta(src, shown, SCHEMA_VERSION)
+                same = info.embedder == self.embedder.name and info.dim == self.dim
                 if not same and not reembed_on_mismatch:
                     raise MiaError(
-                        f"{path} holds embeddings of {meta.get('embedder')!r} but the embedder is "
-                        f"{self.embedder.name!r}; pass reembed to convert it"
+                        f"{shown} holds embeddings of {info.embedder!r} (dim {info.dim}) but the "
+                        f"embedder is {self.embedder.name!r} (dim {self.dim}); pass reembed to "
+                        "convert it"
                     )
-                with self._write_lock:
-                    src.backup(self._conn)
-                    if not same:
-                        self._reembed_all()
-                    self._load()
+                with staging._txn() as cur:
+                    copy_rows(src, cur, info, shown)
             finally:
                 src.close()
+            staging._raise_sequences(info.sequences)
+            if not same:
+                staging._reembed_all()
+            return info
+
+        try:
+            return self.rebuild(fill)
         except sqlite3.DatabaseError as err:
-            raise MiaError(f"cannot read memory database {path}: {err}") from None
+            raise MiaError(f"cannot read memory database {shown}: {err}") from None
+
+    def rebuild(self, fill: Callable[[MemoryStore], T], *, copy_live: bool = False) -> T:
+        """Write the next version of the store into a new file, then swap it in atomically.
+
+        ``fill`` gets a staging store over a fresh database beside the live one (a copy of it
+        when ``copy_live``) and writes what the new store should hold. Only when it returns is
+        the staging file checked, sealed and renamed over the live database, and only then are
+        the in-memory indexes replaced. Any error leaves the live store, file and memory, as it
+        was. Writes wait meanwhile; ids never go below what the live store handed out.
+        """
+        staging_path = self.db_path.with_name(
+            f".{self.db_path.name}.load-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        with self._write_lock:
+            try:
+                if copy_live:
+                    self.backup(staging_path)
+                staging = MemoryStore(staging_path, self.embedder, self.cfg)
+                try:
+                    result = fill(staging)
+                    staging._raise_sequences(self._sequences())
+                    staging._load()
+                    staging._seal()
+                finally:
+                    staging.close()
+                self._swap_in(staging_path, staging)
+                return result
+            finally:
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    Path(f"{staging_path}{suffix}").unlink(missing_ok=True)
+
+    def _sequences(self) -> dict[str, int]:
+        rows = self._conn.execute("SELECT name, seq FROM sqlite_sequence").fetchall()
+        return {str(name): int(seq) for name, seq in rows}
+
+    def _raise_sequences(self, sequences: dict[str, int]) -> None:
+        """AUTOINCREMENT counters at least ``sequences`` (so no id is ever handed out twice)."""
+        with self._write_lock, self._txn() as cur:
+            for name, seq in sequences.items():
+                if name not in ("memories", "plan_pairs", "rollouts"):
+                    continue
+                cur.execute(
+                    "UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = ?", (seq, name)
+                )
+                if cur.rowcount == 0:
+                    cur.execute(
+                        "INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq)
+                    )
+
+    def _seal(self) -> None:
+        """Make the file self-contained (no WAL beside it) and durable before it is renamed."""
+        with self._write_lock:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.execute("PRAGMA journal_mode=DELETE")
+        fd = os.open(self.db_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _swap_in(self, staging_path: Path, staging: MemoryStore) -> None:
+        """Rename the sealed ``staging_path`` over the live database and adopt ``staging``'s
+        indexes. Called with the write lock held."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._conn.close()
+        try:
+            os.replace(staging_path, self.db_path)
+        except OSError:
+            self._conn = self._connect()  # the old file is still in place
+            raise
+        # The old file's WAL and shared-memory index must not be applied to the new one.
+        for suffix in ("-wal", "-shm"):
+            Path(f"{self.db_path}{suffix}").unlink(missing_ok=True)
+        fd = os.open(self.db_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself is durable
+        finally:
+            os.close(fd)
+        self._conn = self._connect()
+        with self._index_lock:
+            self._records, self._buckets = staging._records, staging._buckets
+            self._plans, self._plan_buckets = staging._plans, staging._plan_buckets
 
     def _reembed_all(self) -> None:
         """Recompute every stored embedding with the current embedder (model switch)."""

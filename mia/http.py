@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import json
 import logging
 import os
+import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +28,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mia.errors import MiaError
 
 log = logging.getLogger("mia.http")
 
@@ -64,6 +69,52 @@ def error_response(status: int, message: str, code: str | None = None) -> JSONRe
     )
 
 
+# A JSON string escape of a UTF-16 surrogate, or the UTF-8-style bytes of one (json.loads
+# decodes bytes with "surrogatepass", so both reach Python as a lone surrogate).
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def lone_surrogate(body: bytes) -> str | None:
+    """Where a JSON body holds a string with a lone surrogate (``"\\ud800"``), else None.
+
+    Such strings cannot be encoded as UTF-8, so SQLite, files and LLM requests would fail deep
+    inside a route (a 500); they are refused at the door instead. Paired surrogates (an escaped
+    emoji) are fine. The cheap byte scan keeps ordinary bodies from being parsed twice.
+    """
+    if not _SURROGATE_HINT.search(body):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None  # not JSON: the route answers 400/422 itself
+    return _find_surrogate(data, "body")
+
+
+def _find_surrogate(value: Any, where: str) -> str | None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        # The location is echoed in the error: a bad key is shown escaped, not as a surrogate.
+        name = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key
+        here = f"{where}.{name}" if where != "body" else str(name)
+        if isinstance(key, str) and _find_surrogate(key, here) is not None:
+            return here
+        found = _find_surrogate(item, here)
+        if found is not None:
+            return found
+    return None
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -85,6 +136,9 @@ def create_app(
     ``token``: when set, every route except ``/health`` needs ``Authorization: Bearer <token>``.
     ``health``: extra fields for the health payload (called per request).
     """
+    if token is not None and not token:
+        # An empty token would silently disable auth: a configuration mistake, never intended.
+        raise MiaError(f"{title}: the bearer token is empty; unset it to run without a token")
     app = FastAPI(title=title, version=version)
     app.state.token = token
     app.state.max_body_bytes = max_body_bytes
@@ -107,7 +161,8 @@ def create_app(
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s", title)
-        return error_response(500, f"{type(exc).__name__}: {exc}")
+        # The exception's text may hold server paths or data: it goes to the log, not the client.
+        return error_response(500, f"internal error ({type(exc).__name__}); see the service log")
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -118,6 +173,7 @@ def create_app(
                 return error_response(401, "missing or wrong bearer token")
         length = request.headers.get("content-length")
         limit = app.state.max_body_bytes
+        body: bytes | None = None
         if length is not None:
             try:
                 too_big = int(length) > limit
@@ -125,6 +181,8 @@ def create_app(
                 return error_response(400, "invalid Content-Length header")
             if too_big:
                 return error_response(413, f"request body over {limit} bytes")
+            if request.method in ("POST", "PUT", "PATCH"):
+                body = await request.body()  # cached: the route reads it again for free
         elif request.method in ("POST", "PUT", "PATCH"):
             # Chunked upload: read it here (bounded) so the route sees the cached body.
             body = b""
@@ -133,6 +191,10 @@ def create_app(
                 if len(body) > limit:
                     return error_response(413, f"request body over {limit} bytes")
             request._body = body  # starlette caches the body here for later reads
+        if body and (where := lone_surrogate(body)) is not None:
+            return error_response(
+                422, f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)"
+            )
         return await call_next(request)
 
     @app.get("/health")
@@ -146,10 +208,14 @@ def create_app(
 
 
 def add_server_args(parser: argparse.ArgumentParser, default_port: int, env_prefix: str) -> None:
-    """``--host --port --port-file --token --max-body-bytes`` with env fallbacks.
+    """``--host --port --port-file --token/--token-file --max-body-bytes`` with env fallbacks.
 
-    The token comes from ``--token`` or ``{env_prefix}_TOKEN`` (never logged).
+    The bearer token comes from ``--token-file PATH`` (first line of the file), ``--token T`` or
+    ``{env_prefix}_TOKEN`` (never logged). ``--token`` shows in ``ps``, so it warns; an empty
+    token from any source is refused (it would silently disable auth): a MiaError, which the
+    service's CLI prints as one line before exiting with code 2.
     """
+    env_token = f"{env_prefix}_TOKEN"
     parser.add_argument("--host", default=os.environ.get(f"{env_prefix}_HOST", "127.0.0.1"))
     parser.add_argument(
         "--port", type=int, default=int(os.environ.get(f"{env_prefix}_PORT", default_port))
@@ -157,8 +223,62 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int, env_pref
     parser.add_argument(
         "--port-file", default=None, help="write the bound port here (for --port 0)"
     )
-    parser.add_argument("--token", default=os.environ.get(f"{env_prefix}_TOKEN"))
+    tokens = parser.add_mutually_exclusive_group()
+    tokens.add_argument(
+        "--token",
+        # argparse also runs string defaults through ``type``: an empty env var is caught too.
+        type=_nonempty_token(f"--token or {env_token}"),
+        action=_VisibleTokenAction,
+        default=os.environ.get(env_token),
+        help=f"bearer token (visible in ps: prefer --token-file or {env_token})",
+    )
+    tokens.add_argument(
+        "--token-file",
+        dest="token",
+        type=read_token_file,
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="read the bearer token from this file (its first line)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+
+
+def _nonempty_token(source: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if not value.strip():
+            raise MiaError(
+                f"empty bearer token ({source}): unset it to run without a token, or give one"
+            )
+        return value
+
+    return check
+
+
+class _VisibleTokenAction(argparse.Action):
+    """``--token T``: works, but any local user can read it in ``ps``; say so once."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(
+            f"{parser.prog}: warning: --token is visible to other users in `ps`; "
+            "prefer --token-file PATH or the environment variable",
+            file=sys.stderr,
+            flush=True,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in ``path``: its first line, surrounding whitespace removed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise MiaError(f"cannot read --token-file {path}: {reason}") from None
+    lines = text.strip().splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise MiaError(f"--token-file {path} is empty: it must hold the bearer token")
+    return token
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -70,6 +70,12 @@ def load_image(src: ImageSource) -> Image.Image:
     raise ImageError(f"cannot load an image from a {type(src).__name__}")
 
 
+def is_data_url(text: str) -> bool:
+    """True iff ``text`` is a base64 ``data:`` URL (what :func:`load_image` decodes without
+    touching the filesystem)."""
+    return bool(_DATA_URL.match(text.strip()))
+
+
 def _load_str(src: str) -> Image.Image:
     text = src.strip()
     if match := _DATA_URL.match(text):
@@ -110,11 +116,27 @@ def _open_file(path: Path) -> Image.Image:
 
 def _decode(data: bytes, what: str) -> Image.Image:
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
+        img = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError as err:  # declared far over PIL's own limit
+        raise ImageError(f"{what} is too large to decode: {err}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ImageError(f"cannot decode {what} as an image ({len(data)} bytes): {err}") from None
+    _check_pixels(img.width, img.height, what)
+    try:
+        img.load()
+    except (OSError, SyntaxError, ValueError) as err:
+        raise ImageError(f"cannot decode {what} as an image ({len(data)} bytes): {err}") from None
     return _to_rgb(img)
+
+
+def _check_pixels(width: int, height: int, what: str) -> None:
+    """Refuse an image whose header declares more pixels than PIL's bomb limit before decoding
+    it: a few KB of PNG can declare gigabytes of pixels (PIL only warns up to twice its limit)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise ImageError(
+            f"{what} declares {width}x{height} pixels, over the limit of {limit} pixels"
+        )
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

@@ -18,10 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mia.agent import ChatPolicy, ExecutorLoop, ReplanLimitError, ToolSet, Trajectory
 from mia.agent.config import AgentConfig
+from mia.agent.images import is_image_part, part_url
 from mia.errors import MiaError
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.llm.base import ChatBackend, LLMError
-from mia.vision import ImageError, load_image
+from mia.vision import ImageError, is_data_url, load_image
 
 # ---------------------------------------------------------------------------- wire models
 
@@ -111,6 +112,8 @@ def decode_images(images: list[str] | str | None) -> list[Any]:
         text = item.strip()
         try:
             if text.startswith("data:"):
+                if not is_data_url(text):
+                    raise ImageError("not a base64 data URL")
                 out.append(load_image(text))
                 continue
             try:
@@ -123,6 +126,28 @@ def decode_images(images: list[str] | str | None) -> list[Any]:
         except ImageError as err:
             raise ApiError(422, f"images[{i}]: {err}", "bad_image") from None
     return out
+
+
+def check_message_images(messages: list[dict[str, Any]]) -> None:
+    """Image parts sent back in ``/continue`` must carry their data (a base64 ``data:`` URL) or
+    be bare placeholders filled from ``images``: a path, ``file://`` or ``http(s)://`` URL is
+    refused (422), so a client can never make the service read a local file or fetch a URL."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not is_image_part(part):
+                continue
+            url = part_url(part)
+            if url is not None and not is_data_url(url):
+                raise ApiError(
+                    422,
+                    f"messages[{i}].content[{j}]: an image part must hold a base64 data: URL "
+                    "(or be a bare placeholder filled from 'images'); the service never reads "
+                    "paths or fetches URLs",
+                    "bad_image",
+                )
 
 
 class ExecutorService:
@@ -160,6 +185,8 @@ class ExecutorService:
                 raise ApiError(409, str(err), "replan_limit") from None
             except LLMError as err:
                 raise ApiError(502, f"executor LLM failed: {err}", "llm_error") from None
+            except ImageError as err:
+                raise ApiError(422, str(err), "bad_image") from None
             except MiaError as err:
                 raise ApiError(422, str(err)) from None
 
@@ -175,6 +202,7 @@ class ExecutorService:
         return _response(traj, trace=traj.trace, turns=traj.turns, calls=traj.tool_calls)
 
     async def continue_(self, req: ContinueRequest) -> dict[str, Any]:
+        check_message_images(req.messages)
         images = decode_images(req.images)
         data_id = None if req.data_id is None else str(req.data_id)
 

@@ -63,7 +63,10 @@ def memory_service(
     planner: Any = None,
     overrides: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, Any]]:
-    """memory_serve on a real uvicorn server; ``manager`` defaults to a fixed summariser."""
+    """memory_serve on a real uvicorn server; ``manager`` defaults to a fixed summariser.
+
+    Its persistence folder (``persist.allowed_root``) is the database's folder, where the tests
+    keep their run folders."""
     from memory_serve.app import build_app
     from memory_serve.config import load_config
     from memory_serve.service import MemoryService
@@ -72,7 +75,7 @@ def memory_service(
 
     if manager is None:
         manager = ScriptedChat(lambda _m: "1. Search the question (question -> passage)")
-    cfg = load_config(None, list(overrides))
+    cfg = load_config(None, [f"persist.allowed_root={db.parent}", *overrides])
     store = MemoryStore(db, shared_embedder(), cfg.store)
     service = MemoryService(cfg, store, manager, planner)
     try:

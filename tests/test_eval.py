@@ -176,6 +176,17 @@ def test_policy_none_runs_the_executor_alone(stack: dict[str, Any], tmp_path: Pa
     assert result.table.splitlines()[0].split()[:3] == ["policy", "n", "acc"]
 
 
+def _check_reflection(r: dict[str, Any]) -> None:
+    """The random tiny planner rarely says yes or no: its reflection is then skipped (memory_serve
+    answered 502 llm_empty), recorded in planner_errors, and the first answer stands."""
+    if r["need_replan"] is None:
+        assert r["planner_errors"] and not r["replanned"]
+        assert all("HTTP 502 llm_empty" in e for e in r["planner_errors"]), r["planner_errors"]
+    else:
+        assert r["need_replan"] in (True, False)
+    assert r["replanned"] == bool(r["need_replan"] and (r["replan"] or "").strip())
+
+
 def test_policy_mia_plans_reflects_and_writes_memory(stack: dict[str, Any], tmp_path: Path) -> None:
     cfg = cfg_for(stack, "policies=[mia]", "workers=1", "limit=4")
     result = run_eval(cfg, endpoints(stack), tmp_path, progress=False)
@@ -191,8 +202,7 @@ def test_policy_mia_plans_reflects_and_writes_memory(stack: dict[str, Any], tmp_
         assert sorted(q for q in r["used_memory_from"]) == sorted(r["used_memory_from"])
         assert set(r["used_memory_from"]) <= {x["id"] for x in rows[:k]}
         assert isinstance(r["plan"], str)
-        assert r["need_replan"] in (True, False)
-        assert r["replanned"] == (r["need_replan"] and bool((r["replan"] or "").strip()))
+        _check_reflection(r)
         assert r["messages"][1]["content"].count("Here is a guide for your reference") == (
             1 if r["plan"].strip() else 0
         )
@@ -206,7 +216,8 @@ def test_policy_mia_plans_reflects_and_writes_memory(stack: dict[str, Any], tmp_
     assert sorted(m["data_id"] for m in found) == sorted(r["id"] for r in rows)
     assert {m["judgement"] for m in found} <= {"correct", "incorrect"}
     s = result.policies[0].summary
-    assert s["memories_written"] == 4 and s["reflected"] == 4
+    assert s["memories_written"] == 4
+    assert s["reflected"] == sum(r["need_replan"] is not None for r in rows)
 
 
 def test_policy_plan_only_uses_no_memory(stack: dict[str, Any], tmp_path: Path) -> None:
@@ -216,7 +227,8 @@ def test_policy_plan_only_uses_no_memory(stack: dict[str, Any], tmp_path: Path) 
     assert len(rows) == 2
     for r in rows:
         assert r["error"] is None and r["used_memory_ids"] == [] and r["memory"] == "none"
-        assert isinstance(r["plan"], str) and r["need_replan"] in (True, False)
+        assert isinstance(r["plan"], str)
+        _check_reflection(r)
     assert memory_count(stack["memory"]) == before  # nothing written, nothing cleared
     assert not (tmp_path / "plan_only" / "memory_writes.jsonl").read_text()
 

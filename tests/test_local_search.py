@@ -401,7 +401,8 @@ CORRUPTIONS = {
     "manifest_garbage": "is corrupt: unreadable index.json",
     "missing_file": "is corrupt: missing file indptr.csc.index.npy",
     "truncated_file": "is corrupt: docs.jsonl is 10 bytes",
-    "garbage_same_size": "is unreadable",
+    # Same size: the checksum of the file's first/last 64 KiB (all of this small file) differs.
+    "garbage_same_size": "is corrupt: vocab.index.json does not match its recorded checksum",
 }
 
 
@@ -432,6 +433,144 @@ def test_serve_bad_index_exits_2_with_one_line(bm25_dir: Path, tmp_path: Path, k
     assert lines[0].startswith("local_search: error: ")
     assert str(d) in lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# ---------------------------------------------------------------- checksums
+
+
+def _overwrite(path: Path, offset: int, data: bytes, *, keep_mtime: bool = False) -> None:
+    """Overwrite bytes in place (the size stays); optionally put the old mtime back."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+
+
+def _serve_exit(d: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "local_search", "serve", "--index", str(d), "--port", "0", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_manifest_records_checksums(bm25_dir: Path) -> None:
+    import hashlib
+
+    manifest = json.loads((bm25_dir / "index.json").read_text())
+    assert set(manifest["checksums"]) == set(manifest["files"])
+    for name, rec in manifest["checksums"].items():
+        f = bm25_dir / name
+        assert rec["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+        assert (rec["size"], rec["mtime_ns"]) == (f.stat().st_size, f.stat().st_mtime_ns)
+
+
+@pytest.mark.parametrize("name", ["indices.csc.index.npy", "docs.jsonl", "docs.offsets.npy"])
+def test_same_size_overwrite_refuses_to_start(bm25_dir: Path, tmp_path: Path, name: str) -> None:
+    d = _copy_index(bm25_dir, tmp_path / "idx")
+    f = d / name
+    _overwrite(f, f.stat().st_size // 2, b"\xff\x00\xfe")  # the middle; the mtime moves
+    # (These files are under 128 KiB, so their edges' checksum covers every byte.)
+    want = f"index {d} is corrupt: {name} does not match its recorded checksum"
+    with pytest.raises(MiaError, match=want):
+        open_index(d)
+    if name == "docs.jsonl":  # the real command: exit 2, one line, before binding a port
+        proc = _serve_exit(d)
+        assert proc.returncode == 2 and proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"local_search: error: {want}"), lines
+        assert lines[0].endswith("(rebuild it, or restore the folder from a copy)")
+
+
+def test_fast_check_trusts_mtime_full_check_reads_every_byte(tmp_path: Path) -> None:
+    """A change in the middle of a big file with its mtime put back passes the fast check (it
+    reads sizes, mtimes and the first/last 64 KiB) and fails --verify full; a change in the
+    edges fails both."""
+    from local_search.integrity import record_all, verify_index
+
+    d = tmp_path / "idx"
+    d.mkdir()
+    (d / "big.bin").write_bytes(os.urandom(300_000))
+    files = {"big.bin": 300_000}
+    checksums = record_all(d, ["big.bin"])
+    assert verify_index(d, files, checksums, "full") == []
+    original = (d / "big.bin").read_bytes()
+    # A write moves the mtime: the fast check hashes the whole file and sees the middle change.
+    _overwrite(d / "big.bin", 150_000, b"tampered")
+    with pytest.raises(MiaError, match="big.bin does not match its recorded sha256"):
+        verify_index(d, files, checksums, "fast")
+    # Put back byte for byte (new mtime): accepted after the full hash, with a note.
+    _overwrite(d / "big.bin", 150_000, original[150_000:150_008])
+    notes = verify_index(d, files, checksums, "fast")
+    assert len(notes) == 1 and "big.bin changed mtime but not content" in notes[0]
+    checksums["big.bin"]["mtime_ns"] = (d / "big.bin").stat().st_mtime_ns
+    _overwrite(d / "big.bin", 150_000, b"tampered", keep_mtime=True)
+    assert verify_index(d, files, checksums, "fast") == []  # documented blind spot
+    with pytest.raises(MiaError, match="big.bin does not match its recorded sha256"):
+        verify_index(d, files, checksums, "full")
+    _overwrite(d / "big.bin", 299_990, b"tail", keep_mtime=True)
+    with pytest.raises(MiaError, match=r"big.bin does not match its recorded checksum \(first"):
+        verify_index(d, files, checksums, "fast")
+
+
+def test_verify_full_flag_and_copied_index(
+    bm25_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    # A copy that did not keep mtimes: the fast check hashes every file once and accepts it.
+    d = tmp_path / "idx"
+    shutil.copytree(bm25_dir, d, copy_function=shutil.copyfile)
+    with caplog.at_level("WARNING", logger="local_search"), open_index(d) as r:
+        assert r.search(["who wrote Hamlet"], 1)[0][0].id == "doc-14"
+    assert "changed mtime but not content" in caplog.text
+    cli_main(["verify", "--index", str(d), "--update"])  # records the copy's mtimes
+    manifest = json.loads((d / "index.json").read_text())
+    assert all(
+        rec["mtime_ns"] == (d / n).stat().st_mtime_ns for n, rec in manifest["checksums"].items()
+    )
+    caplog.clear()
+    with (
+        caplog.at_level("WARNING", logger="local_search"),
+        open_index(d, ServeConfig(verify="full")),
+    ):
+        pass
+    assert caplog.text == ""
+    # Damage with the mtime put back: --verify full compares every byte with the sha256.
+    f = d / "docs.jsonl"
+    _overwrite(f, f.stat().st_size // 2, b"#", keep_mtime=True)
+    want = "docs.jsonl does not match its recorded sha256"
+    with pytest.raises(MiaError, match=want):
+        open_index(d, ServeConfig(verify="full"))
+    proc = _serve_exit(d, "--verify", "full")
+    assert proc.returncode == 2 and want in proc.stderr and len(proc.stderr.splitlines()) == 1
+    with pytest.raises(MiaError, match=want):
+        cli_main(["verify", "--index", str(d)])
+
+
+def test_index_without_checksums_is_served_with_a_warning(
+    bm25_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = _copy_index(bm25_dir, tmp_path / "idx")
+    manifest = json.loads((d / "index.json").read_text())
+    del manifest["checksums"]  # as built before checksums were recorded
+    (d / "index.json").write_text(json.dumps(manifest))
+    with caplog.at_level("WARNING", logger="local_search"), open_index(d) as r:
+        assert r.search(["who wrote Hamlet"], 1)[0][0].id == "doc-14"
+    assert f"index {d} has no checksums" in caplog.text
+    with pytest.raises(MiaError, match="has no checksums"):
+        cli_main(["verify", "--index", str(d)])
+    cli_main(["verify", "--index", str(d), "--update"])
+    assert set(json.loads((d / "index.json").read_text())["checksums"]) == set(manifest["files"])
+    cli_main(["verify", "--index", str(d)])
+    _overwrite(d / "docs.offsets.npy", 200, b"\x01")
+    with pytest.raises(MiaError, match="docs.offsets.npy does not match"):
+        open_index(d)
 
 
 def test_mia_cli_search_command(tmp_path: Path) -> None:

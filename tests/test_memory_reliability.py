@@ -385,6 +385,155 @@ def test_oversized_bodies_are_refused(shared: tuple[Service, Path, Path]) -> Non
     assert httpx.get(f"{svc.url}/health").json()["status"] == "ok"
 
 
+# ----------------------------------------------------------------------------- /load_memory
+
+_RECREATE = (  # the memories table without its constraints, as a crafted file could hold it
+    "CREATE TABLE m2 AS SELECT * FROM memories; DROP TABLE memories; "
+    "ALTER TABLE m2 RENAME TO memories"
+)
+_NAN_BLOB = "x'" + "0000c07f" * 384 + "'"
+BAD_BACKUPS: dict[str, tuple[list[str], str]] = {
+    # name -> (SQL applied to a copy of a good backup, the error message after "<name>: ")
+    "blob3": (
+        ["UPDATE memories SET q_emb = x'000102' WHERE id = 2"],  # the issue's reproduction
+        "memories row 2 (id 2): q_emb holds 3 bytes, want 384 float32 values (1536)",
+    ),
+    "wrongdim": (
+        ["UPDATE memories SET c_emb = zeroblob(1532) WHERE id = 3"],
+        "memories row 3 (id 3): c_emb holds 1532 bytes, want 384 float32 values (1536)",
+    ),
+    "nan": (
+        [f"UPDATE plan_pairs SET q_emb = {_NAN_BLOB}"],
+        "plan_pairs row 1 (id 1): q_emb holds NaN or infinite values",
+    ),
+    "dupid": (
+        [_RECREATE, "INSERT INTO memories SELECT * FROM memories WHERE id = 1"],
+        "memories row 4 (id 1): duplicate id",
+    ),
+    "textid": (
+        [_RECREATE, "UPDATE memories SET id = 'two' WHERE id = 2"],
+        "memories row 2 (id 'two'): id must be a positive integer",
+    ),
+    "judgement": (
+        [_RECREATE, "UPDATE memories SET judgement = 'maybe' WHERE id = 2"],
+        "memories row 2 (id 2): judgement must be one of ['correct', 'incorrect'], got 'maybe'",
+    ),
+    "winrate": (
+        [_RECREATE, "UPDATE memories SET win_rate = 7.5 WHERE id = 1"],
+        "memories row 1 (id 1): win_rate must be a finite number in [0, 1], got 7.5",
+    ),
+    "extra": (
+        ["UPDATE memories SET extra = '[1' WHERE id = 1"],
+        "memories row 1 (id 1): extra is not valid JSON",
+    ),
+    "rollout": (
+        [
+            "INSERT INTO rollouts (question, judgement, messages, created_at) "
+            "VALUES ('q', 'correct', 'not json', 1)"
+        ],
+        "rollouts row 1 (id 1): messages is not valid JSON",
+    ),
+    "notable": (["DROP TABLE plan_pairs"], "is not a MIA memory database (no table plan_pairs)"),
+    "nocolumn": (
+        [_RECREATE, "ALTER TABLE memories DROP COLUMN c_emb"],
+        "table memories: no such column: c_emb",
+    ),
+    "meta": (
+        ["UPDATE meta SET value = '512' WHERE key = 'dim'"],
+        "holds embeddings of 'all-MiniLM-L6-v2' (dim 512) but the embedder is "
+        "'all-MiniLM-L6-v2' (dim 384); pass reembed to convert it",
+    ),
+}
+
+
+def _craft(good: Path, out: Path, statements: list[str]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(good.read_bytes())
+    conn = sqlite3.connect(str(out))
+    try:
+        conn.executescript(";\n".join(statements))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _snapshot(db: Path) -> tuple[bytes, bytes, list[tuple[Any, ...]]]:
+    wal = Path(f"{db}-wal")
+    rows = db_rows(db, "SELECT id, question, judgement, usage_count, q_emb FROM memories")
+    return db.read_bytes(), wal.read_bytes() if wal.exists() else b"", rows
+
+
+@pytest.mark.slow  # two service starts
+def test_load_memory_never_corrupts_the_live_store(tmp_path: Path) -> None:
+    root = tmp_path / "backups"
+    db = tmp_path / "live" / "memory.sqlite"
+    overrides = (*NO_LLM, f"persist.allowed_root={root}")
+    questions = ["Who wrote Hamlet?", "Where is the Louvre?", "When did Rome fall?"]
+    with service(tmp_path, db, *overrides) as svc, httpx.Client(base_url=svc.url, timeout=60) as c:
+        c.post("/memories", json=[item(q) for q in questions]).raise_for_status()
+        r = c.post("/save_memory", json={"path": "good.sqlite"})
+        assert r.status_code == 200
+        good = root / "good.sqlite"
+        # A plan pair in the backup (copied from a memory row: same embedding format).
+        _craft(good, good, [
+            "INSERT INTO plan_pairs (question, correct_plan, incorrect_plan, modality, category, "
+            "created_at, q_emb, c_emb) SELECT question, 'a', 'b', modality, category, created_at, "
+            "q_emb, c_emb FROM memories WHERE id = 1"
+        ])  # fmt: skip
+        c.post("/memories", json=item("A fifth question, only live?")).raise_for_status()
+        health = c.get("/health").json()
+        live_ids = [r[0] for r in db_rows(db, "SELECT id FROM memories ORDER BY id")]
+        probe = c.post("/memory", json={"question": "Who wrote Hamlet?"}).json()
+        before = _snapshot(db)
+
+        cases = {f"{name}.sqlite": spec for name, spec in BAD_BACKUPS.items()}
+        for name, (sql, _) in cases.items():
+            _craft(good, root / name, sql)
+        (root / "text.sqlite").write_text("not a database at all")
+        cases["text.sqlite"] = ([], "is not a SQLite memory backup")
+        (root / "truncated.sqlite").write_bytes(good.read_bytes()[:3000])
+        cases["truncated.sqlite"] = ([], "")
+        _craft(good, root / "folder" / "memory.sqlite", BAD_BACKUPS["blob3"][0])
+        cases["folder"] = ([], "memories row 2 (id 2): q_emb holds 3 bytes")
+        for name, (_, message) in cases.items():
+            r = c.post("/load_memory", json={"path": name})
+            assert r.status_code == 400, (name, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "bad_request"
+            shown = "folder/memory.sqlite" if name == "folder" else name
+            assert shown in error["message"] and message in error["message"], error
+            assert str(tmp_path) not in error["message"]
+            # Nothing changed: memory (health, retrieval), file bytes and rows.
+            assert c.get("/health").json() == health
+            assert c.post("/memory", json={"question": "Who wrote Hamlet?"}).json() == probe
+            assert _snapshot(db) == before, name
+        assert not [p.name for p in db.parent.iterdir() if ".load-" in p.name]  # no staging left
+
+        # The next write takes the next id of the live store.
+        r = c.post("/memories", json=item("After the bad loads?"))
+        assert r.json()["results"][0]["id"] == max(live_ids) + 1
+        # A good backup (even one carrying a trigger) loads; only rows come across, and ids
+        # keep growing past everything the live store handed out.
+        _craft(good, root / "trigger.sqlite", [
+            "CREATE TRIGGER wipe AFTER INSERT ON memories BEGIN DELETE FROM memories; END"
+        ])  # fmt: skip
+        r = c.post("/load_memory", json={"path": "trigger.sqlite"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["memories"], r.json()["plan_pairs"]) == (3, 1)
+        assert db_rows(db, "SELECT name FROM sqlite_master WHERE type = 'trigger'") == []
+        r = c.post("/memories", json=item("After the good load?"))
+        assert r.json()["results"][0]["id"] == max(live_ids) + 2
+        assert c.get("/health").json()["memories"] == 4
+        hit = c.post("/memory", json={"question": "Where is the Louvre?", "top_k": 1}).json()
+        assert hit["positive_ids"] == [2]
+    # The service restarts on its database.
+    assert db_rows(db, "PRAGMA integrity_check") == [("ok",)]
+    with service(tmp_path, db, *overrides) as svc:
+        assert httpx.get(f"{svc.url}/health").json()["memories"] == 4
+        r = httpx.post(f"{svc.url}/memory", json={"question": "Where is the Louvre?", "top_k": 1})
+        assert r.json()["positive_ids"] == [2]
+
+
 # ----------------------------------------------------------------------------- schemathesis
 
 
@@ -437,7 +586,7 @@ def test_schemathesis_finds_no_server_error(shared: tuple[Service, Path, Path]) 
 class FakeLLM:
     """An OpenAI chat-completions endpoint that misbehaves as told; counts every attempt."""
 
-    mode: str = "ok"  # ok | timeout | 500 | garbage
+    mode: str = "ok"  # ok | timeout | 500 | garbage | bad_usage | think
     stall_s: float = 3.0
     attempts: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -455,6 +604,11 @@ class FakeLLM:
                 return JSONResponse({"error": {"message": "the model fell over"}}, 500)
             if self.mode == "garbage":
                 return PlainTextResponse("<html>gateway says hello</html>", 200)
+            think = self.mode == "think"  # a reply that only thinks: no plan, no decision
+            content = "<think>Let me think.</think>\n" if think else "1. Search (q -> a)"
+            usage: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 5}
+            if self.mode == "bad_usage":
+                usage["prompt_tokens"] = "lots"
             return {
                 "id": "cmpl-1",
                 "object": "chat.completion",
@@ -462,11 +616,11 @@ class FakeLLM:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": "1. Search (q -> a)"},
+                        "message": {"role": "assistant", "content": content},
                         "finish_reason": "stop",
                     }
                 ],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+                "usage": usage,
             }
 
         return app
@@ -500,6 +654,7 @@ def test_llm_timeout_500_and_garbage_are_retried_then_clear_errors(tmp_path: Pat
                 "timeout": "timed out after 1s",
                 "500": "HTTP 500: the model fell over",
                 "garbage": "malformed reply: body is not JSON",
+                "bad_usage": "malformed reply: usage.prompt_tokens is not a number: 'lots'",
             }
             for mode, reason in why.items():
                 fake.mode = mode
@@ -518,6 +673,19 @@ def test_llm_timeout_500_and_garbage_are_retried_then_clear_errors(tmp_path: Pat
                     assert client.get("/health").json()["memories"] == 1
                     r = client.post("/memory", json={"question": "Where is the Louvre?"})
                     assert r.status_code == 200 and r.json()["positive_ids"] == [stored]
+            # A think-only reply is no plan and no decision: asked again, then 502 llm_empty.
+            fake.mode = "think"
+            past = [{"role": "user", "content": "plan"}, {"role": "assistant", "content": "1."}]
+            for route, body in (
+                ("/plan", {"question": "Where is the Louvre?"}),
+                ("/judge_replan", {"workflow": "T", "past_messages": past}),
+                ("/replan", {"question": "Where is the Louvre?", "past_messages": past}),
+            ):
+                fake.attempts = 0
+                r = client.post(route, json=body)
+                _assert_envelope(r, 502, "llm_empty", "the manager LLM gave no ")
+                assert "in 3 attempt(s) (reply '<think>Let me think.</think>" in r.text
+                assert fake.attempts == 3, route
             # The endpoint recovers: the same service plans and summarises again.
             fake.mode, fake.attempts = "ok", 0
             r = client.post("/plan", json={"question": "Where is the Louvre?"})

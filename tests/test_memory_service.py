@@ -15,6 +15,7 @@ from memory_serve.app import build_app
 from memory_serve.config import load_config
 from memory_serve.context import format_context
 from memory_serve.planning import plan_messages
+from memory_serve.records import NewMemory
 from memory_serve.service import MemoryService
 from memory_serve.store import MemoryStore
 from memory_serve.ttrl import seeded_rng
@@ -285,8 +286,10 @@ def test_errors_auth_and_llm_failure(tmp_path: Path) -> None:
             "/memory", content=b"{not json", headers={"content-type": "application/json"}
         )
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_json"
-        r = client.post("/load_memory", json={"path": str(tmp_path / "missing.sqlite")})
-        assert r.status_code == 404
+        r = client.post("/load_memory", json={"path": "missing.sqlite"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == (
+            "nothing to load at missing.sqlite"
+        )
 
 
 def test_restart_keeps_memories_without_reembedding(tmp_path: Path) -> None:
@@ -325,7 +328,8 @@ def test_ttrl_buffer_evaluate_consolidate_save_load(tmp_path: Path) -> None:
 
     manager = ScriptedChat(manager_reply)
     out = tmp_path / "ttrl"
-    with running(tmp_path, manager, overrides=(f"ttrl.output_dir={out}",)) as (client, svc):
+    overrides = (f"ttrl.output_dir={out}", f"persist.allowed_root={tmp_path}")
+    with running(tmp_path, manager, overrides=overrides) as (client, svc):
         client.post("/memories", json=[item("Seed one?"), item("Seed two?")])
         qa, qb = "Which river flows through Rome?", "Who wrote Faust?"
         plans = ["1. x\n2. y", "1. x", "1. x\n2. y\n3. z"]
@@ -441,10 +445,177 @@ def test_persist_allowed_root(tmp_path: Path) -> None:
         _,
     ):
         r = client.post("/save_memory", json={"path": str(tmp_path / "elsewhere.sqlite")})
-        assert r.status_code == 403 and "outside the allowed folder" in r.json()["error"]["message"]
+        assert r.status_code == 403 and r.json()["error"] == {
+            "code": "path_not_allowed",
+            "message": f"path {str(tmp_path / 'elsewhere.sqlite')!r} is outside the "
+            "persistence folder (persist.allowed_root)",
+        }
         r = client.post("/save_memory", json={"path": str(root / "m.sqlite")})
         assert r.status_code == 200 and (root / "m.sqlite").is_file()
         assert client.post("/save_memory").status_code == 400  # no path, no ttrl.output_dir
+
+
+def _error(r: httpx.Response, status: int, code: str) -> str:
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error"} and r.json()["error"]["code"] == code, r.json()
+    return r.json()["error"]["message"]
+
+
+def test_persistence_is_confined_to_mia_home_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("MIA_HOME", str(home))
+    backups, runs = home / "memory" / "backups", home / "runs"
+    outside = tmp_path / "victim.txt"
+    outside.write_text("precious")
+    (backups).mkdir(parents=True)
+    (backups / "escape").symlink_to(tmp_path)  # a symlink inside the root pointing out of it
+    with running(tmp_path, ScriptedChat([]), overrides=("llm.enabled=false", "compress.mode=identity")) as (client, svc):  # fmt: skip
+        client.post("/memories", json=item("Where is the Eiffel Tower?")).raise_for_status()
+        # Relative paths land under $MIA_HOME/memory/backups, never the server's cwd.
+        r = client.post("/save_memory", json={"path": "m.sqlite"})
+        assert r.status_code == 200 and r.json()["files"] == [str(backups / "m.sqlite")]
+        r = client.post("/batch_evaluate", json={"output_dir": 7, "rules": ["first"]})
+        assert r.status_code == 200 and (backups / "7" / "evaluated-first.jsonl").is_file()
+        assert not (Path.cwd() / "7").exists()
+        # TTRL's default run folders are allowed too.
+        r = client.post("/save_memory", json={"path": str(runs / "ttrl-1" / "memory")})
+        assert r.status_code == 200 and (runs / "ttrl-1" / "memory" / "memory.sqlite").is_file()
+        # Outside: absolute, .., ~, a symlink out: 403, naming only what the client sent.
+        for raw in (str(outside), "../../../victim.txt", "~/x.json", "escape/victim.txt"):
+            for route, body in (
+                ("/save_memory", {"path": raw, "format": "json"}),
+                ("/load_memory", {"path": raw}),
+                ("/batch_evaluate", {"output_dir": raw}),
+            ):
+                message = _error(client.post(route, json=body), 403, "path_not_allowed")
+                assert message == (
+                    f"path {raw!r} is outside the persistence folder (persist.allowed_root)"
+                )
+        assert outside.read_text() == "precious"
+        # OS errors name the path as given, not the server's folders.
+        (backups / "afile").write_text("x")
+        message = _error(
+            client.post("/save_memory", json={"path": "afile/m.sqlite"}), 400, "bad_request"
+        )
+        assert (
+            message == "cannot save to afile/m.sqlite: File exists"
+        )  # not "[Errno 17] ... /abs/path"
+        message = _error(client.post("/load_memory", json={"path": "afile"}), 400, "bad_request")
+        assert str(tmp_path) not in message and message.startswith("afile is not a folder")
+        assert svc.persist.base == backups.resolve()
+
+
+def test_only_memory_backups_are_overwritten(tmp_path: Path) -> None:
+    """With the opt-out (allowed_root: any) a path may be anywhere, yet an existing file is
+    replaced only by a backup of its own kind, and never the live database."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"todo": [1, 2]}')
+    (tmp_path / "out").mkdir()
+    foreign = tmp_path / "out" / "evaluated-first.jsonl"
+    foreign.write_text("my own log line\n")
+    overrides = ("llm.enabled=false", "compress.mode=identity", "persist.allowed_root=any")
+    with running(tmp_path, None, overrides=overrides) as (client, svc):
+        client.post("/memories", json=item("Where is the Eiffel Tower?")).raise_for_status()
+        cases = [
+            (
+                {"path": str(victim), "format": "json"},
+                str(victim),
+                "a reference-layout memory file",
+            ),
+            ({"path": str(victim), "format": "sqlite"}, str(victim), "a MIA memory database"),
+            ({"path": str(notes)}, str(notes), "a reference-layout memory file"),
+            ({"path": str(tmp_path / "memory.sqlite")}, str(tmp_path / "memory.sqlite"), None),
+            ({"path": str(victim), "format": "dir"}, str(victim), None),
+        ]
+        for body, shown, kind in cases:
+            message = _error(client.post("/save_memory", json=body), 409, "not_a_backup")
+            why = f"it exists and is not {kind}" if kind else None
+            if body["path"].endswith("memory.sqlite"):
+                why = "it is the live memory database"
+            elif body.get("format") == "dir":
+                why = "it exists and is not a folder"
+            assert message == f"refusing to overwrite {shown}: {why}"
+        assert victim.read_text() == "precious" and notes.read_text() == '{"todo": [1, 2]}'
+        message = _error(
+            client.post(
+                "/batch_evaluate", json={"output_dir": str(tmp_path / "out"), "rules": ["first"]}
+            ),
+            409,
+            "not_a_backup",
+        )
+        assert "evaluated-first.jsonl: it exists and is not an evaluated-first file" in message
+        assert foreign.read_text() == "my own log line\n"
+        # Backups of the right kind are replaced; so are /batch_evaluate's own files (appended).
+        for fmt in ("json", "sqlite", "dir"):
+            target = str(tmp_path / f"copy-{fmt}")
+            assert (
+                client.post("/save_memory", json={"path": target, "format": fmt}).status_code == 200
+            )
+            assert (
+                client.post("/save_memory", json={"path": target, "format": fmt}).status_code == 200
+            )
+        out2 = str(tmp_path / "out2")
+        for _ in range(2):
+            r = client.post("/batch_evaluate", json={"output_dir": out2, "rules": ["first"]})
+            assert r.status_code == 200
+        assert len(svc.store) == 1
+
+
+def test_empty_or_undecided_planner_replies_are_502(tmp_path: Path) -> None:
+    think = "<think>I should think about this for a while</think>"
+    planner = ScriptedChat(
+        [think, "", f"{think}\n1. Search the tower (q -> city)"]  # third attempt: a plan
+        + ["", "<think>never closed", "  "]  # /plan: three empty replies
+        + [f"{think} maybe", "", "hmm"]  # /judge_replan: no yes or no
+        + [think, think, think]  # /replan: think only
+    )
+    past = [{"role": "user", "content": "plan"}, {"role": "assistant", "content": "1. s"}]
+    overrides = ("planner.cold_start=false",)
+    with running(tmp_path, ScriptedChat([]), planner, overrides=overrides) as (client, svc):
+        r = client.post("/plan", json={"question": "Where is the tower?"})
+        assert r.status_code == 200 and r.json()["plan"] == "1. Search the tower (q -> city)"
+        assert len(planner.calls) == 3
+        for route, body, what, reply in (
+            ("/plan", {"question": "Where is the tower?"}, "plan", "  "),
+            ("/judge_replan", {"workflow": "T", "past_messages": past}, "yes/no decision", "hmm"),
+            ("/replan", {"question": "Q?", "past_messages": past}, "revised plan", think),
+        ):
+            before = len(planner.calls)
+            message = _error(client.post(route, json=body), 502, "llm_empty")
+            assert message == (f"the planner LLM gave no {what} in 3 attempt(s) (reply {reply!r})")
+            assert len(planner.calls) - before == 3
+        assert len(svc.store) == 0 and client.get("/health").json()["status"] == "ok"
+    # planner.empty_retries=0: one attempt.
+    planner = ScriptedChat([""])
+    with running(tmp_path, ScriptedChat([]), planner, overrides=(*overrides, "planner.empty_retries=0"), db="m2.sqlite") as (client, _):  # fmt: skip
+        assert "in 1 attempt(s)" in _error(
+            client.post("/plan", json={"question": "Q?"}), 502, "llm_empty"
+        )
+
+
+def test_lone_surrogates_are_422_and_store_nothing(tmp_path: Path) -> None:
+    overrides = ("llm.enabled=false", "compress.mode=identity")
+    with running(tmp_path, None, overrides=overrides) as (client, svc):
+        json_hdr = {"content-type": "application/json"}
+        bodies = [
+            ("/memories", b'{"question": "Where\\ud800?", "judgement": "correct"}', "question"),
+            ("/memories", b'[{"question": "q", "judgement": "correct", "extra": {"k\\udfff": 1}}]', "0.extra.k\\udfff"),
+            ("/memory", b'{"question": "q", "image_caption": ["a", "\xed\xa0\x80"]}', "image_caption.1"),
+            ("/memory_bank_save", b'{"question": "q", "judgement": 1, "messages": [{"role": "user", "content": "\\udc00"}]}', "messages.0.content"),
+            ("/save_memory", b'{"path": "x\\ud800.json"}', "path"),
+        ]  # fmt: skip
+        for route, body, where in bodies:
+            r = client.post(route, content=body, headers=json_hdr)
+            message = _error(r, 422, "invalid_request")
+            assert message == f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)"
+        assert len(svc.store) == 0 and client.get("/stats").json()["buffered_rollouts"] == 0
+        # A surrogate pair (an escaped emoji) is ordinary text.
+        r = client.post("/memories", content=b'{"question": "\\ud83d\\ude00?", "judgement": "correct"}', headers=json_hdr)  # fmt: skip
+        assert r.status_code == 200 and svc.store.get(1).question == "\U0001f600?"
 
 
 @pytest.mark.parametrize("mode", ["identity"])
@@ -602,3 +773,17 @@ def test_classifier_buckets_and_nogt_feedback(tmp_path: Path) -> None:
         assert manager.calls[-1]["messages"] == [
             {"role": "user", "content": classify_prompt("Who founded Carthage?")}
         ]
+
+
+def test_damaged_database_is_one_clear_error_at_start(tmp_path: Path) -> None:
+    import sqlite3
+
+    from mia.errors import MiaError
+
+    db = tmp_path / "memory.sqlite"
+    with MemoryStore(db, shared_embedder()) as store:
+        store.add(NewMemory("Where is the Louvre?", "1. s", "correct"))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE memories SET extra = '[1'")
+    with pytest.raises(MiaError, match=f"cannot open the memory store {db}: "):
+        MemoryStore(db, shared_embedder())

@@ -278,6 +278,104 @@ def test_bad_input_is_4xx(
     assert error["message"].startswith(message), error["message"]
 
 
+def _bomb_png(side: int = 20000) -> bytes:
+    """A valid PNG header declaring side x side pixels (a few dozen bytes on the wire)."""
+    import struct
+    import zlib
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_oversized_images_are_422_not_500(server: str) -> None:
+    bomb = base64.b64encode(_bomb_png()).decode()
+    big = base64.b64encode(_bomb_png(10000)).decode()  # over PIL's limit, under twice it
+    first = post(server, "/execute", {"question": QUESTION, "plan": ""}).json()
+    cases = [
+        ("/execute", {"question": "q", "plan": "", "images": [bomb]}, "images[0]: image bytes is too large to decode"),
+        ("/execute", {"question": "q", "plan": "", "images": f"data:image/png;base64,{big}"}, "images[0]: data URL declares 10000x10000 pixels"),
+        ("/continue", {"question": "q", "messages": first["messages"], "replan": "r", "images": [bomb]}, "images[0]: image bytes is too large"),
+    ]  # fmt: skip
+    # An image part of the conversation itself holding the bomb.
+    messages = [dict(m) for m in first["messages"]]
+    messages[1] = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": messages[1]["content"]},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{bomb}"}},
+        ],
+    }
+    cases.append(
+        (
+            "/continue",
+            {"question": "q", "messages": messages, "replan": "r"},
+            "data URL is too large",
+        )
+    )
+    for path, payload, message in cases:
+        resp = post(server, path, payload)
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["error"]["code"] == "bad_image"
+        assert resp.json()["error"]["message"].startswith(message), resp.json()
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+def test_continue_never_opens_local_files_or_urls(server: str, tmp_path: Path) -> None:
+    picture = tmp_path / "secret.png"
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(picture)
+    first = post(server, "/execute", {"question": QUESTION, "plan": ""}).json()
+    for ref in (str(picture), f"file://{picture}", "http://127.0.0.1:9/x.png", _png_b64((1, 2, 3))):
+        messages = [dict(m) for m in first["messages"]]
+        messages[1] = {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": messages[1]["content"]},
+                {"type": "image_url", "image_url": {"url": ref}},
+            ],
+        }
+        body = {"question": QUESTION, "messages": messages, "replan": "look again"}
+        resp = post(server, "/continue", body)
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["error"] == {
+            "code": "bad_image",
+            "message": "messages[1].content[1]: an image part must hold a base64 data: URL (or be "
+            "a bare placeholder filled from 'images'); the service never reads paths or fetches "
+            "URLs",
+        }
+    # The `images` field takes data only, too: a path (even to a real image) is refused.
+    resp = post(server, "/execute", {"question": "q", "plan": "", "images": [str(picture)]})
+    assert resp.status_code == 422 and resp.json()["error"]["code"] == "bad_image"
+    resp = post(
+        server, "/execute", {"question": "q", "plan": "", "images": ["data:" + str(picture)]}
+    )
+    assert resp.status_code == 422 and "not a base64 data URL" in resp.json()["error"]["message"]
+
+
+def test_lone_surrogates_are_422(server: str) -> None:
+    hdr = {"content-type": "application/json"}
+    for path, body, where in (
+        ("/execute", b'{"question": "When\\ud800?", "plan": ""}', "question"),
+        ("/execute", b'{"question": "q", "plan": "\xed\xb0\x80"}', "plan"),
+        ("/continue", b'{"question": "q", "replan": "r", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "\\udbff"}]}', "messages.1.content"),
+    ):  # fmt: skip
+        resp = httpx.post(server + path, content=body, headers=hdr, timeout=30)
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["error"] == {
+            "code": "invalid_request",
+            "message": f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)",
+        }
+
+
 def test_malformed_json_body_is_400(server: str) -> None:
     resp = httpx.post(
         server + "/execute", content=b"{nope", headers={"content-type": "application/json"}

@@ -83,7 +83,7 @@ def _load_image(path: Path) -> Image.Image | None:
     try:
         with Image.open(path) as img:
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError):
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
         return None
 
 

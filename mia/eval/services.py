@@ -349,7 +349,8 @@ def start_stack(group: ServiceGroup, opts: StackOptions) -> StackURLs:
         )
     ]
     for name, db in opts.memory_dbs.items():
-        overrides = [f"llm.config={opts.llm_config}"]
+        # Its persistence folder is the database's own (the demo's TTRL run saves there).
+        overrides = [f"llm.config={opts.llm_config}", f"persist.allowed_root={db.parent}"]
         if name == "identity":
             overrides += ["compress.mode=identity", "llm.enabled=false"]
         db.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -245,12 +246,12 @@ class OpenAIChat:
             text = _strip_think(raw_text)
             extra["raw_text"] = raw_text
         token_ids, logprobs = _token_info(choice)
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        usage = _usage(data.get("usage"))
         completion_tokens = usage.get("completion_tokens") or (len(token_ids) if token_ids else 0)
         return ChatResult(
             text=text,
             finish_reason=str(choice.get("finish_reason") or "stop"),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            prompt_tokens=usage.get("prompt_tokens") or 0,
             completion_tokens=int(completion_tokens),
             token_ids=token_ids,
             logprobs=logprobs,
@@ -265,6 +266,26 @@ class OpenAIChat:
         state = self._states.pop(loop, None)
         if state is not None:
             await state.client.close()
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    """Token counts of a reply's ``usage`` block (absent or null: none). Anything else that is
+    not whole non-negative numbers is a broken reply, retried like any other garbage."""
+    if usage is None:
+        return {}
+    if not isinstance(usage, dict):
+        raise _GarbageReply(f"usage is not an object: {usage!r:.200}")
+    out = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _GarbageReply(f"usage.{key} is not a number: {value!r:.100}")
+        if not (math.isfinite(value) and value >= 0 and value == int(value)):
+            raise _GarbageReply(f"usage.{key} is not a token count: {value!r:.100}")
+        out[key] = int(value)
+    return out
 
 
 def _token_info(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] | None]:

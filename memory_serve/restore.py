@@ -1,0 +1,220 @@
+"""Checking a SQLite memory backup row by row while copying it into a fresh database.
+
+``/load_memory`` never lets a backup touch the live store: every row of the backup is read with
+an explicit column list, checked (types, ids, judgements, buckets, counters, JSON fields, and
+every embedding blob: a whole number of float32 values, exactly the backup's dimension, finite)
+and inserted into a staging database created with the store's own schema. Only a staging file
+that passed everything is swapped in (:meth:`MemoryStore.restore`). Rebuilding instead of
+copying pages also means nothing but rows comes across: no foreign triggers, views or tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memory_serve.records import CATEGORIES, CORRECT, INCORRECT, MODALITIES
+from mia.errors import MiaError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+JUDGEMENTS = (CORRECT, INCORRECT)
+MEMORY_COLUMNS = (
+    "id", "data_id", "question", "image_caption", "workflow_summary", "plan", "judgement",
+    "usage_count", "success_count", "win_rate", "modality", "category", "created_at", "source",
+    "extra", "q_emb", "c_emb",
+)  # fmt: skip
+PLAN_COLUMNS = (
+    "id", "data_id", "question", "image_caption", "correct_plan", "incorrect_plan", "modality",
+    "category", "created_at", "extra", "q_emb", "c_emb",
+)  # fmt: skip
+ROLLOUT_COLUMNS = (
+    "id", "data_id", "question", "image_caption", "plan", "slow_plan", "judgement", "messages",
+    "used_memory_ids", "created_at", "extra",
+)  # fmt: skip
+TABLES = ("memories", "plan_pairs", "rollouts")
+
+
+class BadBackup(MiaError):
+    """The backup cannot be loaded; the message says where (as the client named the file)."""
+
+
+@dataclass
+class BackupInfo:
+    embedder: str
+    dim: int
+    rows: dict[str, int] = field(default_factory=dict)
+    # Highest id each table ever handed out in the backup (ids are never reused).
+    sequences: dict[str, int] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- field checks
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be text, got {type(value).__name__}")
+    return value
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r:.40}")
+    return value
+
+
+def _number(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be a finite number in [{lo:g}, {hi:g}], got {value!r:.40}")
+    return float(value)
+
+
+def _choice(value: Any, name: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r:.40}")
+    return value
+
+
+def _json(value: Any, name: str, kind: type) -> Any:
+    try:
+        data = json.loads(_text(value, name))
+    except ValueError:
+        raise ValueError(f"{name} is not valid JSON") from None
+    if not isinstance(data, kind):
+        raise ValueError(f"{name} must be a JSON {kind.__name__}")
+    return data
+
+
+def _embedding(value: Any, name: str, dim: int) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError(f"{name} must be a blob, got {type(value).__name__}")
+    if len(value) % 4 or len(value) != dim * 4:
+        raise ValueError(f"{name} holds {len(value)} bytes, want {dim} float32 values ({dim * 4})")
+    if not np.isfinite(np.frombuffer(value, dtype=np.float32)).all():
+        raise ValueError(f"{name} holds NaN or infinite values")
+    return value
+
+
+def check_memory(r: dict[str, Any], dim: int) -> None:
+    for name in ("data_id", "question", "image_caption", "workflow_summary", "plan", "source"):
+        _text(r[name], name)
+    _choice(r["judgement"], "judgement", JUDGEMENTS)
+    _count(r["usage_count"], "usage_count")
+    _count(r["success_count"], "success_count")
+    _number(r["win_rate"], "win_rate", 0.0, 1.0)
+    _bucket_and_rest(r, dim)
+
+
+def check_plan_pair(r: dict[str, Any], dim: int) -> None:
+    for name in ("data_id", "question", "image_caption", "correct_plan", "incorrect_plan"):
+        _text(r[name], name)
+    _bucket_and_rest(r, dim)
+
+
+def _bucket_and_rest(r: dict[str, Any], dim: int) -> None:
+    _choice(r["modality"], "modality", MODALITIES)
+    _choice(r["category"], "category", CATEGORIES)
+    _number(r["created_at"], "created_at")
+    _json(r["extra"], "extra", dict)
+    _embedding(r["q_emb"], "q_emb", dim)
+    _embedding(r["c_emb"], "c_emb", dim)
+
+
+def check_rollout(r: dict[str, Any], dim: int) -> None:
+    for name in ("data_id", "question", "image_caption", "plan", "slow_plan"):
+        _text(r[name], name)
+    _choice(r["judgement"], "judgement", JUDGEMENTS)
+    if not all(isinstance(m, dict) for m in _json(r["messages"], "messages", list)):
+        raise ValueError("messages must be a JSON list of objects")
+    ids = _json(r["used_memory_ids"], "used_memory_ids", list)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError("used_memory_ids must be a JSON list of integers")
+    _number(r["created_at"], "created_at")
+    _json(r["extra"], "extra", dict)
+
+
+CHECKS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any], int], None]]] = {
+    "memories": (MEMORY_COLUMNS, check_memory),
+    "plan_pairs": (PLAN_COLUMNS, check_plan_pair),
+    "rollouts": (ROLLOUT_COLUMNS, check_rollout),
+}
+
+
+# ----------------------------------------------------------------------------- the copy
+
+
+def open_backup(path: Path, shown: str) -> sqlite3.Connection:
+    """A read-only connection to a SQLite file (refused before SQLite parses anything else)."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(SQLITE_MAGIC))
+    except OSError as err:
+        raise BadBackup(f"cannot read {shown}: {err.strerror or type(err).__name__}") from None
+    if magic != SQLITE_MAGIC:
+        raise BadBackup(f"{shown} is not a SQLite memory backup")
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    # A crafted file's schema must not run functions (views, triggers, defaults) on our side.
+    conn.execute("PRAGMA trusted_schema=OFF")
+    return conn
+
+
+def read_meta(src: sqlite3.Connection, shown: str, schema_version: str) -> BackupInfo:
+    tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    missing = sorted({"meta", *TABLES} - tables)
+    if missing:
+        raise BadBackup(f"{shown} is not a MIA memory database (no table {', '.join(missing)})")
+    if src.execute("PRAGMA quick_check").fetchone() != ("ok",):
+        raise BadBackup(f"{shown} is a damaged SQLite file (integrity check failed)")
+    meta = {}
+    for key, value in src.execute("SELECT key, value FROM meta"):
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise BadBackup(f"{shown}: meta rows must be text")
+        meta[key] = value
+    if meta.get("schema_version") != schema_version:
+        raise BadBackup(f"{shown}: unsupported schema {meta.get('schema_version')!r}")
+    dim = meta.get("dim", "")
+    if not dim.isdigit() or not 0 < int(dim) <= 65536 or not meta.get("embedder"):
+        raise BadBackup(f"{shown}: meta needs an embedder name and a dimension, got {meta!r:.200}")
+    info = BackupInfo(embedder=meta["embedder"], dim=int(dim))
+    if "sqlite_sequence" in tables:
+        for name, seq in src.execute("SELECT name, seq FROM sqlite_sequence"):
+            if name in TABLES and isinstance(seq, int) and not isinstance(seq, bool):
+                info.sequences[name] = max(info.sequences.get(name, 0), seq)
+    return info
+
+
+def copy_rows(
+    src: sqlite3.Connection, dst: sqlite3.Cursor, info: BackupInfo, shown: str
+) -> BackupInfo:
+    """Check every row of every table and insert it (ids kept) through ``dst``."""
+    for table, (columns, check) in CHECKS.items():
+        cols = ", ".join(columns)
+        try:
+            rows = src.execute(f"SELECT {cols} FROM {table} ORDER BY rowid")
+        except sqlite3.OperationalError as err:  # e.g. "no such column: q_emb"
+            raise BadBackup(f"{shown}: table {table}: {err}") from None
+        seen: set[int] = set()
+        insert = f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(columns))})"
+        for n, row in enumerate(rows, 1):
+            item = row[0]
+            where = f"{shown}: {table} row {n} (id {item!r:.40})"
+            if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+                raise BadBackup(f"{where}: id must be a positive integer")
+            if item in seen:
+                raise BadBackup(f"{where}: duplicate id")
+            seen.add(item)
+            try:
+                check(dict(zip(columns, row, strict=True)), info.dim)
+            except ValueError as err:
+                raise BadBackup(f"{where}: {err}") from None
+            dst.execute(insert, row)
+        info.rows[table] = len(seen)
+        info.sequences[table] = max(info.sequences.get(table, 0), max(seen, default=0))
+    return info
