@@ -77,7 +77,8 @@ def _error_of(service: str, url: str, method: str, path: str, resp: httpx.Respon
             status,
             code,
         )
-    return RequestFailed(f"{service} {path}: HTTP {status}: {message}", status, code)
+    label = f"HTTP {status} {code}" if code else f"HTTP {status}"
+    return RequestFailed(f"{service} {path}: {label}: {message}", status, code)
 
 
 class ServiceClient:
