@@ -29,13 +29,6 @@ from memory_serve.persist import (
     check_folder,
     check_target,
 )
-from memory_serve.planning import (
-    judge_messages,
-    parse_decision_strict,
-    plan_messages,
-    replan_messages,
-    replan_train_messages,
-)
 from memory_serve.records import (
     CORRECT,
     TEXT_IMAGE,
@@ -60,6 +53,13 @@ from memory_serve.store import MemoryStore
 from mia.errors import MiaError
 from mia.http import ApiError
 from mia.llm.base import ChatBackend, ChatResult, LLMError, Message, SamplingParams
+from mia.planner.prompts import (
+    judge_messages,
+    parse_decision_strict,
+    plan_messages,
+    replan_messages,
+    replan_train_messages,
+)
 from mia.prompts.manager import choose_plan_prompt
 from mia.prompts.planner import text_after_think
 

@@ -25,10 +25,10 @@ from role_fixtures import (
 from executor_train.train import build_trainer
 from local_search import ServeConfig, build_index, open_index
 from local_search.server import create_search_app
-from memory_serve.planning import replan_train_messages
 from mia.data.formats import QAItem, write_parquet_qa
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
+from mia.planner.prompts import replan_train_messages
 from mia.prompts import planner as PP
 from mia.rl.trainer import Trainer
 from mia.roles.common import compose_role

@@ -15,7 +15,6 @@ import pytest
 from local_search import build_index, open_index
 from local_search.server import create_search_app
 from memory_serve.context import format_context
-from memory_serve.planning import plan_messages
 from memory_serve.records import Retrieval
 from mia.agent import AgentConfig, ChatPolicy, ExecutorLoop, build_tools, check_format
 from mia.agent.tools import QUERY_SEPARATOR, format_passages
@@ -38,6 +37,7 @@ from mia.errors import MiaError
 from mia.http import ServerThread
 from mia.judge.rules import RuleJudge
 from mia.llm.scripted import ScriptedChat
+from mia.planner.prompts import plan_messages
 from mia.prompts import planner as PP
 from mia.trace import content_text, format_trace
 

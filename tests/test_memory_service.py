@@ -14,7 +14,6 @@ import pytest
 from memory_serve.app import build_app
 from memory_serve.config import load_config
 from memory_serve.context import format_context
-from memory_serve.planning import plan_messages
 from memory_serve.records import NewMemory
 from memory_serve.service import MemoryService
 from memory_serve.store import MemoryStore
@@ -22,6 +21,7 @@ from memory_serve.ttrl import seeded_rng
 from mia.embedding import shared_embedder
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
+from mia.planner.prompts import plan_messages
 from mia.prompts import planner as PP
 from mia.prompts.manager import choose_plan_prompt, compress_prompt
 from mia.trace import format_trace

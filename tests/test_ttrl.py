@@ -237,10 +237,9 @@ def _warm_start(out: Path, questions: list[str]) -> Path:
     searches and answers right) and a bad one (it guesses wrong). TTRL has to find out which."""
     from role_fixtures import ScriptedGenerator
 
-    from memory_serve.planning import plan_messages
     from mia.agent import TokenPolicy
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
-    from mia.planner.prompts import EMPTY_MEMORY
+    from mia.planner.prompts import EMPTY_MEMORY, plan_messages
     from mia.rl.episode import collate
     from mia.rl.policy import PolicyModel
 

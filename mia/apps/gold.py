@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from mia.data.world_questions import BRIDGES, QUESTION_TYPES, Facts, contains
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
-from mia.prompts import manager as M
+from mia.planner.prompts import EMPTY_MEMORY, plan_messages
 from mia.prompts import planner as PP
 from mia.trace import content_text
 
@@ -587,22 +587,12 @@ REFLECTION_DECISION = (
 
 def empty_memory_context() -> str:
     """The Planner's memory block when nothing was retrieved (as memory_serve renders it)."""
-    return "\n\n".join(
-        [
-            M.CONTEXT_HEADER,
-            f"{M.POSITIVE_HEADER.format(n=0)}\n{M.NONE_FOUND}",
-            f"{M.NEGATIVE_HEADER.format(n=0)}\n{M.NONE_FOUND}",
-        ]
-    )
+    return EMPTY_MEMORY
 
 
 def planner_messages(question: str, reply: str, *, image: bool) -> list[Message]:
     return [
-        {"role": "system", "content": PP.PLANNER_SYSTEM_PROMPT},
-        {
-            "role": "user",
-            "content": PP.plan_prompt(empty_memory_context(), question, image=image),
-        },
+        *plan_messages(EMPTY_MEMORY, question, image=image),
         {"role": "assistant", "content": reply},
     ]
 

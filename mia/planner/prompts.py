@@ -9,6 +9,7 @@ templates themselves are in :mod:`mia.prompts.planner` (the Planner's) and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -125,3 +126,17 @@ def is_image_question(image_caption: Any, modality: str | None = None) -> bool:
 
 text_after_think = P.text_after_think
 parse_decision = P.parse_decision
+_YES = re.compile(r"\byes\b", re.IGNORECASE)
+_NO = re.compile(r"\bno\b", re.IGNORECASE)
+
+
+def parse_decision_strict(text: str) -> bool | None:
+    """The reflection's decision: True (replan) if the answer part says "yes", False if it says
+    "no", None when it says neither (an empty or think-only reply): not a decision at all.
+    "yes" wins when both appear, as in :func:`mia.prompts.planner.parse_decision`."""
+    answer = P.text_after_think(text)
+    if _YES.search(answer):
+        return True
+    if _NO.search(answer):
+        return False
+    return None
