@@ -11,8 +11,9 @@ In-process use::
 CLI: ``python -m local_search build|serve`` (see docs/local_search.md).
 """
 
+from local_search.base import Hit, Manifest, Retriever
 from local_search.config import BuildConfig, ServeConfig
-from local_search.index import Hit, Manifest, Retriever, build_index, open_index, read_manifest
+from local_search.index import build_index, open_index, read_manifest
 
 __all__ = [
     "BuildConfig",

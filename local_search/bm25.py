@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from .base import Manifest, Retriever
 from .bm25_scoring import ImpactScorer, term_max_and_sorted
 from .config import Bm25Config
 from .corpus import DocStore
-from .index import Manifest, Retriever
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -148,7 +148,8 @@ def verify_main(argv: list[str]) -> None:
 
     from mia.paths import atomic_write_text
 
-    from .index import MANIFEST, read_manifest
+    from .base import MANIFEST
+    from .index import read_manifest
     from .integrity import record_all, touch_records, verify_index
 
     d = Path(args.index)

@@ -19,9 +19,9 @@ from tqdm import tqdm
 from mia.embedding import Embedder, build_embedder
 from mia.errors import MiaError
 
+from .base import Manifest, Retriever
 from .config import DenseConfig
 from .corpus import DocStore
-from .index import Manifest, Retriever
 
 # Offline by construction: a model name that is not local must fail, not download.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

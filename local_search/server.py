@@ -12,36 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
+from mia.services.search import RetrieveRequest, RetrieveResponse
 
+from .base import Retriever
 from .config import ServeConfig
-from .index import Retriever
-
-
-class RetrieveRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # Search-R1 clients may send more fields
-
-    queries: list[StrictStr] = Field(min_length=1, description="one or more search queries")
-    topk: StrictInt | None = Field(default=None, description="passages per query")
-    return_scores: StrictBool = Field(
-        default=False, description="wrap each document as {document, score}"
-    )
-
-
-class Document(BaseModel):
-    id: str | int
-    contents: str
-
-
-class ScoredDocument(BaseModel):
-    document: Document
-    score: float
-
-
-class RetrieveResponse(BaseModel):
-    result: list[list[ScoredDocument]] | list[list[Document]]
 
 
 def create_search_app(

@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 
 from fastapi import Body, FastAPI
 
-from memory_serve import schemas as S
 from memory_serve.service import MemoryService, gather_all
 from mia.http import DEFAULT_MAX_BODY_BYTES, create_app
+from mia.services import memory as S
 
 Q = TypeVar("Q")
 R = TypeVar("R")

@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
+from mia.services import memory as S
 
 TEXT_ONLY = "text-only"
 TEXT_IMAGE = "text-image"
 MODALITIES = (TEXT_ONLY, TEXT_IMAGE)
+# The wire contract lists the same buckets.
+assert set(S.MODALITIES) == set(MODALITIES) and set(S.CATEGORIES) == set(CATEGORIES)
 CORRECT = "correct"
 INCORRECT = "incorrect"
 

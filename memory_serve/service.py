@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from memory_serve import schemas as S
 from memory_serve import ttrl
 from memory_serve.classify import Classifier
 from memory_serve.compress import Compressor
@@ -62,6 +61,7 @@ from mia.planner.prompts import (
 )
 from mia.prompts.manager import choose_plan_prompt
 from mia.prompts.planner import text_after_think
+from mia.services import memory as S
 
 log = logging.getLogger("memory_serve")
 T = TypeVar("T")

@@ -14,7 +14,6 @@ import binascii
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mia.agent import ChatPolicy, ExecutorLoop, ReplanLimitError, ToolSet, Trajectory
 from mia.agent.config import AgentConfig
@@ -22,81 +21,8 @@ from mia.agent.images import is_image_part, part_url
 from mia.errors import MiaError
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.llm.base import ChatBackend, LLMError
+from mia.services.serve import ContinueRequest, ExecuteRequest, ExecuteResponse
 from mia.vision import ImageError, is_data_url, load_image
-
-# ---------------------------------------------------------------------------- wire models
-
-
-class _Request(BaseModel):
-    # Reference clients send extra fields (mem contexts, ...): ignore them.
-    model_config = ConfigDict(extra="ignore")
-
-    question: str = Field(description="the question the Executor answers")
-    images: list[str] | str | None = Field(
-        default=None, description="question images: base64 strings or data URLs"
-    )
-    data_id: str | int | None = Field(
-        default=None, description="question id; the image-search cache folder name"
-    )
-
-    @field_validator("question")
-    @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
-
-
-class ExecuteRequest(_Request):
-    plan: str = Field(description="the Planner's plan ('' for none)")
-    image_caption: str | list[str] | None = Field(
-        default=None, description="accepted for compatibility; not shown to the Executor"
-    )
-
-
-class ContinueRequest(_Request):
-    messages: list[dict[str, Any]] = Field(
-        min_length=2, description="the conversation returned by /execute (or /continue)"
-    )
-    replan: str = Field(description="the supplementary plan")
-
-    @field_validator("replan")
-    @classmethod
-    def _replan(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class ToolCallInfo(BaseModel):
-    turn: int
-    attempt: int
-    name: str | None
-    arguments: dict[str, Any] | None
-    ok: bool
-    error_kind: str | None
-    error: str | None
-
-
-class ExecuteResponse(BaseModel):
-    answer: str = Field(description="the final answer ('' when the run ended without one)")
-    trace: str = Field(description="readable trace (for /continue: the new turns only)")
-    messages: list[dict[str, Any]] = Field(description="the whole conversation, images inline")
-    tool_calls: list[ToolCallInfo]
-    turns: int = Field(description="assistant turns in this call")
-    usage: Usage
-    tool_errors: list[str] = Field(description="tool services that failed in this call")
-    tool_error: bool
-    stop_reason: str = Field(description="answer | max_turns | context_budget | ...")
-    forced_answer: bool = Field(description="the model was told to answer now")
-    replanned: bool
-    data_id: str | None
-
 
 # ---------------------------------------------------------------------------- service
 

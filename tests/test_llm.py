@@ -294,7 +294,7 @@ def test_openai_connection_refused() -> None:
 
 
 def test_openai_concurrency_bound(fake: FakeOpenAI) -> None:
-    fake.default = ("sleep", 0.1, "ok", "x")
+    fake.default = ("sleep", 0.5, "ok", "x")  # long enough to overlap on a loaded machine
     chat = client(fake, concurrency=3)
 
     async def many() -> list[str]:

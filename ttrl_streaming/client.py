@@ -29,17 +29,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
 from mia.errors import MiaError
-from mia.services import RewardClient, ServiceClient
-
-
-class StreamingClient(ServiceClient):
-    service = "ttrl_streaming"
-
-    def submit(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self.post_sync("/submit_sample", dict(body))
-
-    def save_checkpoint(self) -> dict[str, Any]:
-        return self.post_sync("/save_checkpoint", {})
+from mia.services import RewardClient
+from mia.services.streaming import StreamingClient
 
 
 def wire_sample(sample: Mapping[str, Any]) -> dict[str, Any]:

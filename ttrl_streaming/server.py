@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from mia.errors import MiaError
@@ -59,82 +59,13 @@ from mia.roles.common import (
 )
 from mia.roles.ttrl_memory import bank_item, commit_batch
 from mia.services import RewardClient
+from mia.services.streaming import RolloutRow, SubmitRequest
 from ttrl_streaming.buffer import RolloutBuffer
 from ttrl_streaming.codec import CodecError, as_list, rollouts_from_safetensors
 
 log = logging.getLogger("ttrl_streaming.server")
 DEFAULT_PORT = 8765
 SAFETENSORS_TYPES = ("application/x-safetensors", "application/octet-stream")
-
-# ----------------------------------------------------------------------------- wire models
-
-
-class StreamSample(BaseModel):
-    """One question to learn from; ground truth lives in the reward server only."""
-
-    model_config = ConfigDict(extra="ignore")
-    data_id: str | int = Field(description="the id its ground truth is registered under")
-    question: str
-    image_caption: str | list[str] | None = None
-    modality: str | None = None
-    images: list[str] | None = Field(default=None, description="base64 images for the Executor")
-    data_source: str | None = None
-
-    @field_validator("question")
-    @classmethod
-    def _question(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
-        return v
-
-    @field_validator("data_id")
-    @classmethod
-    def _data_id(cls, v: str | int) -> str:
-        text = str(v).strip()
-        if not text or isinstance(v, bool):
-            raise ValueError("must be a non-empty string or an integer")
-        return text
-
-    def to_sample(self) -> dict[str, Any]:
-        caption = self.image_caption
-        if isinstance(caption, list):
-            caption = "\n".join(caption)
-        return {
-            "data_id": str(self.data_id),
-            "question": self.question,
-            "image_caption": caption or "",
-            "modality": self.modality or ("text-image" if caption or self.images else "text-only"),
-            "images": list(self.images or []),
-            "data_source": self.data_source or "",
-            "golds": [],
-        }
-
-
-class RolloutRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    group: str = Field(min_length=1, description="rows of one question share it (GRPO group)")
-    prompt_ids: Any
-    response_ids: Any
-    response_mask: Any
-    rollout_logprobs: Any = None
-    reward: float
-    extras: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("reward")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
-
-
-class SubmitRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    samples: list[StreamSample] | None = None
-    rollouts: list[RolloutRow] | None = None
-    finish: bool = False
-    flush_partial: bool = False
-    epoch: int = 0
 
 
 @dataclass

@@ -3,6 +3,11 @@ the server that answers them and the client that sends them, plus that client.
 
 - :mod:`mia.services.base` — :class:`ServiceClient` (bearer token, retries on connection
   failures, one pool per event loop) and :class:`ServiceError` (the ``{"error": {...}}`` envelope);
+- :mod:`mia.services.memory` — memory_serve (retrieval, plans, writes, TTRL, persistence);
+- :mod:`mia.services.search` — local_search (Search-R1 ``/retrieve``);
+- :mod:`mia.services.rewards` — the reward server;
+- :mod:`mia.services.streaming` — the TTRL streaming server;
+- :mod:`mia.services.serve` — serve (``/execute``, ``/continue``);
 - :mod:`mia.services.web` — web_tools ``/search``.
 
 The role trainers, the Planner flow and the evaluation harness talk to the services only
@@ -11,15 +16,15 @@ through these clients, so a route's payload is written once.
 
 from mia.services.base import (
     DEFAULT_TIMEOUT_S,
-    ExecutorClient,
-    MemoryClient,
     RequestFailed,
-    RewardClient,
     RouteMissing,
     ServiceClient,
     ServiceError,
     ServiceUnavailable,
 )
+from mia.services.memory import MemoryClient
+from mia.services.rewards import RewardClient
+from mia.services.serve import ExecutorClient
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

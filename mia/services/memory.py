@@ -1,4 +1,5 @@
-"""Request and response models of every memory_serve route.
+"""The memory_serve contract: request and response models of every route, shared by the
+service (``memory_serve``) and its client, :class:`MemoryClient`.
 
 Field names follow docs/memory_serve.md; the reference's names are accepted as aliases
 (``used_memory_indices``, ``memory_indices``, ``temp_messages``, ``save_path``, ...) so its
@@ -7,11 +8,12 @@ scripts can talk to this service. Batch routes take one object or a JSON list of
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from memory_serve.records import CATEGORIES, MODALITIES
+from mia.services.base import ServiceClient
 
 Modality = Literal["text-only", "text-image"]
 Category = Literal[
@@ -31,7 +33,8 @@ Caption = str | list[str] | None
 Judgement = str | bool | int | None
 MAX_TOP_K = 100
 
-assert set(Category.__args__) == set(CATEGORIES) and set(Modality.__args__) == set(MODALITIES)  # type: ignore[attr-defined]
+MODALITIES: tuple[str, ...] = Modality.__args__  # type: ignore[attr-defined]
+CATEGORIES: tuple[str, ...] = Category.__args__  # type: ignore[attr-defined]
 
 
 def _aliases(*names: str) -> Any:
@@ -307,3 +310,112 @@ class StatsResponse(BaseModel):
     db_path: str
     compress_mode: str
     classifier: bool
+
+
+# ----------------------------------------------------------------------------- client
+
+
+def _caption(value: str | Sequence[str] | None) -> str | list[str] | None:
+    return list(value) if isinstance(value, list | tuple) else value
+
+
+class MemoryClient(ServiceClient):
+    """memory_serve (docs/memory_serve.md): retrieval, plans, the TTRL buffer, persistence."""
+
+    service = "memory_serve"
+
+    @staticmethod
+    def query(
+        question: str,
+        *,
+        image_caption: str | Sequence[str] | None = None,
+        data_id: str | None = None,
+        top_k: int | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"question": question, "data_id": data_id or ""}
+        if image_caption:
+            body["image_caption"] = _caption(image_caption)
+        if top_k is not None:
+            body["mem_top_k"] = top_k
+        return body
+
+    async def memory(self, question: str, **kw: Any) -> dict[str, Any]:
+        """``{context, positive_ids, negative_ids, ...}`` for one question."""
+        return await self.post("/memory", self.query(question, **kw))
+
+    def memory_sync(self, question: str, **kw: Any) -> dict[str, Any]:
+        return self.post_sync("/memory", self.query(question, **kw))
+
+    def memories_sync(self, queries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``/memory`` for many questions in one request (answers in order)."""
+        if not queries:
+            return []
+        return self.post_sync("/memory", [dict(q) for q in queries])
+
+    async def plan(self, question: str, **kw: Any) -> dict[str, Any]:
+        """``{plan, messages, memory_ids, context, ...}``: a plan written with memories."""
+        return await self.post("/plan", self.query(question, **kw))
+
+    async def judge_replan(
+        self, workflow: str, past_messages: Sequence[Mapping[str, Any]], memory_ids: Sequence[int]
+    ) -> dict[str, Any]:
+        """The Planner's reflection on a trace: ``{need_replan, decision, messages, ...}``."""
+        body = {
+            "workflow": workflow,
+            "past_messages": [dict(m) for m in past_messages],
+            "memory_ids": [int(i) for i in memory_ids],
+        }
+        return await self.post("/judge_replan", body)
+
+    async def replan(
+        self, question: str, past_messages: Sequence[Mapping[str, Any]], **kw: Any
+    ) -> dict[str, Any]:
+        """A supplementary plan continuing ``past_messages``: ``{replan, messages, ...}``."""
+        body = self.query(question, **kw)
+        body["past_messages"] = [dict(m) for m in past_messages]
+        return await self.post("/replan", body)
+
+    async def replan_train(
+        self,
+        question: str,
+        plan: str,
+        trace: str,
+        mem_context: str = "",
+        *,
+        data_id: str | None = None,
+        image_caption: str | Sequence[str] | None = None,
+    ) -> str:
+        """The supplementary plan of Executor training (the answer was judged wrong)."""
+        body: dict[str, Any] = {
+            "question": question,
+            "plan": plan,
+            "trace": trace,
+            "mem_context1": mem_context,
+            "data_id": data_id or "",
+        }
+        if image_caption:
+            body["image_caption"] = _caption(image_caption)
+        out = await self.post("/replan_train", body)
+        return str(out.get("content", ""))
+
+    def bank_save_sync(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return self.post_sync("/memory_bank_save", [dict(i) for i in items])
+
+    def batch_evaluate_sync(
+        self, output_dir: str | None = None, step: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if output_dir is not None:
+            body["output_dir"] = output_dir
+        if step is not None:
+            body["step"] = step
+        return self.post_sync("/batch_evaluate", body)
+
+    def consolidate_sync(self) -> dict[str, Any]:
+        return self.post_sync("/consolidate_memories", {})
+
+    def save_memory_sync(self, path: str | None = None) -> dict[str, Any]:
+        return self.post_sync("/save_memory", {"path": path} if path else {})
+
+    def stats_sync(self) -> dict[str, Any]:
+        return self.get_sync("/stats")

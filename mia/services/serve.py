@@ -1,0 +1,126 @@
+"""The serve contract: ``/execute`` and ``/continue`` request and response models, shared by
+the Executor service (``serve``) and its client, :class:`ExecutorClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mia.services.base import ServiceClient
+
+
+class _Request(BaseModel):
+    # Reference clients send extra fields (mem contexts, ...): ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+    question: str = Field(description="the question the Executor answers")
+    images: list[str] | str | None = Field(
+        default=None, description="question images: base64 strings or data URLs"
+    )
+    data_id: str | int | None = Field(
+        default=None, description="question id; the image-search cache folder name"
+    )
+
+    @field_validator("question")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class ExecuteRequest(_Request):
+    plan: str = Field(description="the Planner's plan ('' for none)")
+    image_caption: str | list[str] | None = Field(
+        default=None, description="accepted for compatibility; not shown to the Executor"
+    )
+
+
+class ContinueRequest(_Request):
+    messages: list[dict[str, Any]] = Field(
+        min_length=2, description="the conversation returned by /execute (or /continue)"
+    )
+    replan: str = Field(description="the supplementary plan")
+
+    @field_validator("replan")
+    @classmethod
+    def _replan(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class ToolCallInfo(BaseModel):
+    turn: int
+    attempt: int
+    name: str | None
+    arguments: dict[str, Any] | None
+    ok: bool
+    error_kind: str | None
+    error: str | None
+
+
+class ExecuteResponse(BaseModel):
+    answer: str = Field(description="the final answer ('' when the run ended without one)")
+    trace: str = Field(description="readable trace (for /continue: the new turns only)")
+    messages: list[dict[str, Any]] = Field(description="the whole conversation, images inline")
+    tool_calls: list[ToolCallInfo]
+    turns: int = Field(description="assistant turns in this call")
+    usage: Usage
+    tool_errors: list[str] = Field(description="tool services that failed in this call")
+    tool_error: bool
+    stop_reason: str = Field(description="answer | max_turns | context_budget | ...")
+    forced_answer: bool = Field(description="the model was told to answer now")
+    replanned: bool
+    data_id: str | None
+
+
+# ---------------------------------------------------------------------------- client
+
+
+class ExecutorClient(ServiceClient):
+    """serve: the (frozen) Executor runs a plan (``/execute``) and continues (``/continue``)."""
+
+    service = "serve"
+
+    async def execute(
+        self,
+        question: str,
+        plan: str,
+        *,
+        data_id: str | None = None,
+        images: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"question": question, "plan": plan}
+        if data_id is not None:
+            body["data_id"] = data_id
+        if images:
+            body["images"] = list(images)
+        return await self.post("/execute", body)
+
+    async def continue_(
+        self,
+        question: str,
+        messages: Sequence[Mapping[str, Any]],
+        replan: str,
+        *,
+        data_id: str | None = None,
+        images: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "question": question,
+            "messages": [dict(m) for m in messages],
+            "replan": replan,
+        }
+        if data_id is not None:
+            body["data_id"] = data_id
+        if images:
+            body["images"] = list(images)
+        return await self.post("/continue", body)
