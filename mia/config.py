@@ -2,7 +2,8 @@
 
 Each component has ONE config dataclass (its schema): every field has its default and a help
 text (``field(default=..., metadata={"help": ...})``), and the defaults live there and nowhere
-else. A config is built in three layers, later ones winning:
+else; the shipped YAML files hold only what differs for their purpose (a role's sizes, a
+preset) and their composition. A config is built in three layers, later ones winning:
 
 1. the schema's defaults;
 2. a YAML file (a path, or a name under ``configs/<group>/``). A YAML with a Hydra ``defaults``
@@ -13,20 +14,24 @@ else. A config is built in three layers, later ones winning:
 
 The result is checked against the schema (unknown keys and wrong types are errors) and, when the
 schema has one, its ``validate()`` runs. Every problem is one :class:`MiaError` line, so command
-lines print it and exit 2.
+lines print it and exit 2. ``--help-config`` on every entry point prints :func:`describe`.
 
     from mia.config import load_config
     cfg = load_config(EvalConfig, "default", ["memory.top_k=3"], group="eval")
-    print(describe(EvalConfig))          # every key with its default and help
+    print(describe(EvalConfig))          # every key with its type, default and help
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
+import inspect
 import os
+import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,16 +42,34 @@ T = TypeVar("T")
 Source = str | os.PathLike[str] | Mapping[str, Any] | None
 
 
+def option(default: Any, help: str) -> Any:
+    """A schema field: its default and its help text (``--help-config``). Lists and dicts are
+    copied for every instance."""
+    if isinstance(default, list | dict | set):
+        return dataclasses.field(
+            default_factory=lambda: copy.deepcopy(default), metadata={"help": help}
+        )
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def section(factory: Callable[[], Any], help: str) -> Any:
+    """A nested schema field (a dataclass section), built by ``factory`` (the class, or a
+    lambda giving a role its own defaults: ``lambda: TrainerConfig(batch_size=4)``)."""
+    return dataclasses.field(default_factory=factory, metadata={"help": help})
+
+
 def resolve_path(name: str | os.PathLike[str], group: str | None = None) -> Path:
     """A YAML file, or ``configs/<group>/<name>.yaml`` (``default`` -> ``default.yaml``)."""
     p = Path(name).expanduser()
     if p.is_file():
         return p
+    if p.suffix != ".yaml" and p.with_name(p.name + ".yaml").is_file():
+        return p.with_name(p.name + ".yaml")
     if group is not None:
         named = CONFIG_ROOT / group / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
         if named.is_file():
             return named
-        raise MiaError(f"config not found: {name} (also looked for {named})")
+        raise MiaError(f"{group} config not found: {name} (also looked for {named})")
     raise MiaError(f"config file not found: {name}")
 
 
@@ -58,8 +81,10 @@ def _has_defaults_list(path: Path) -> bool:
 
 
 def compose(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """A Hydra-composed YAML (defaults list + overrides) as a plain dict; ``configs/`` is on
-    the search path, so a file anywhere can pull the shipped groups."""
+    """A Hydra-composed YAML (defaults list + overrides) as a plain dict. The file's folder is
+    the primary config dir (so ``experiment=paper`` finds ``<folder>/experiment/paper.yaml``)
+    and ``configs/`` is on the search path, so a file anywhere can pull the shipped groups
+    (``/rl/trainer@trainer``, ``/judge@judge: rules``)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -75,7 +100,7 @@ def compose(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> dict
             cfg = hydra_compose(config_name=p.stem, overrides=[search, *overrides])
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad config {p.name}: {str(err).splitlines()[0]}") from None
+        raise MiaError(f"bad config {p.name}: {_first_line(err)}") from None
 
 
 def load_dict(
@@ -91,37 +116,140 @@ def load_dict(
         raise MiaError(f"overrides must look like key=value, got {bad[0]!r}")
     if source is not None and not isinstance(source, Mapping):
         path = resolve_path(source, group)
-        if _has_defaults_list(path):
-            return compose(path, overrides)
-        source = OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[assignment]
+        try:
+            if _has_defaults_list(path):
+                return compose(path, overrides)
+            source = OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[assignment]
+        except (OmegaConfBaseException, ValueError, OSError) as err:
+            raise MiaError(f"bad config {path}: {_first_line(err)}") from None
+        if source is not None and not isinstance(source, Mapping):
+            raise MiaError(f"config {path}: expected a mapping, got {type(source).__name__}")
     try:
-        merged = OmegaConf.create(dict(source or {}))
+        merged = OmegaConf.create(plain(source))
         if overrides:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
         return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
     except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad config: {str(err).splitlines()[0]}") from None
+        raise MiaError(f"bad config: {_first_line(err)}") from None
+
+
+def merge(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Plain mappings merged in order, nested ones key by key (later layers win)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(*(OmegaConf.create(plain(layer)) for layer in layers))
+        return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+    except (OmegaConfBaseException, ValueError) as err:
+        raise MiaError(f"bad config: {_first_line(err)}") from None
+
+
+def plain(data: Any) -> dict[str, Any]:
+    """A plain (nested) dict from a mapping, an OmegaConf node or a schema instance
+    (interpolations resolved); None is ``{}``."""
+    if data is None:
+        return {}
+    value = _plain_value(data)
+    if not isinstance(value, dict):
+        raise MiaError(f"expected a mapping, got {type(data).__name__}")
+    return value
+
+
+def _plain_value(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {k: _plain_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_value(v) for v in value]
+    return value
+
+
+def _hints(schema: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(schema)
+    except Exception:  # pragma: no cover - unresolvable annotations: fall back to the raw ones
+        return {f.name: f.type for f in dataclasses.fields(schema)}
+
+
+def _nested_schema(schema: type, f: dataclasses.Field) -> type | None:
+    """The dataclass type of a nested section (``policy: PolicyConfig``), else None."""
+    tp = _hints(schema).get(f.name)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return tp
+    return None
+
+
+def unknown_keys(schema: type, data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys of ``data`` that ``schema`` does not have (nested sections included)."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    out = []
+    for key, value in data.items():
+        f = fields.get(str(key))
+        if f is None:
+            out.append(f"{prefix}{key}")
+            continue
+        sub = _nested_schema(schema, f)
+        if sub is not None and isinstance(value, Mapping):
+            out += unknown_keys(sub, value, f"{prefix}{key}.")
+    return out
+
+
+def _known_at(schema: type, dotted: str) -> tuple[str, list[str]]:
+    """The section holding ``dotted`` and the keys it knows."""
+    parts = dotted.split(".")[:-1]
+    for part in parts:
+        f = {f.name: f for f in dataclasses.fields(schema)}[part]
+        schema = _nested_schema(schema, f) or schema
+    return ".".join(parts), sorted(f.name for f in dataclasses.fields(schema))
 
 
 def from_dict(schema: type[T], data: Mapping[str, Any] | T | None, where: str = "") -> T:
-    """A schema instance from a plain mapping: unknown keys and wrong types are errors,
-    nested dataclasses are built recursively, ``validate()`` runs when the schema has one."""
+    """A schema instance from a plain mapping (or an OmegaConf node): unknown keys and wrong
+    types are errors, nested dataclasses are built recursively, ``validate()`` runs when the
+    schema has one (an instance is returned as is)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(data, schema):
         return data
     where = where or schema.__name__
+    raw = plain(data)
+    unknown = unknown_keys(schema, raw)
+    if unknown:
+        section, known = _known_at(schema, unknown[0])
+        under = f" under {section}" if section else ""
+        raise MiaError(f"{where}: unknown key(s) {unknown} (known{under}: {known})")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.create(dict(data or {})))
+        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.create(raw))
         cfg = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"{where}: {_first_line(err)}") from None
+        key = getattr(err, "full_key", None)
+        text = _first_line(err)
+        raise MiaError(f"{where}: {key}: {text}" if key else f"{where}: {text}") from None
+    _tuples(cfg)
     validate = getattr(cfg, "validate", None)
     if callable(validate):
-        out = validate()
+        takes_where = "where" in inspect.signature(validate).parameters
+        out = validate(where) if takes_where else validate()
         cfg = out if isinstance(out, schema) else cfg
     return cfg  # type: ignore[return-value]
+
+
+def _tuples(cfg: Any) -> None:
+    """OmegaConf hands tuple fields back as lists: make them tuples again (``betas``)."""
+    hints = _hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _tuples(value)
+        elif isinstance(value, list) and typing.get_origin(hints.get(f.name)) is tuple:
+            setattr(cfg, f.name, tuple(value))
 
 
 def load_config(
@@ -144,8 +272,24 @@ def _first_line(err: BaseException) -> str:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """A plain (nested) dict of a schema instance."""
-    return dataclasses.asdict(cfg)
+    """A plain (nested) dict of a schema instance (tuples as lists, so it dumps as YAML)."""
+
+    def lists(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: lists(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [lists(v) for v in value]
+        return value
+
+    return lists(dataclasses.asdict(cfg))
+
+
+def to_yaml(cfg: Any) -> str:
+    """A schema instance (or a plain mapping) as YAML, in field order: what ``--cfg`` prints."""
+    import yaml
+
+    data = to_dict(cfg) if dataclasses.is_dataclass(cfg) else plain(cfg)
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 # ----------------------------------------------------------------------------- help
@@ -154,6 +298,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def _type_name(tp: Any) -> str:
     if isinstance(tp, str):
         return tp
+    if tp is type(None):
+        return "None"
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return " | ".join(_type_name(a) for a in typing.get_args(tp))
@@ -171,20 +317,39 @@ def _default(f: dataclasses.Field) -> Any:
     return "(required)"
 
 
-def describe(schema: type, prefix: str = "") -> str:
-    """Every key of ``schema`` (nested ones dotted) with its type, default and help text."""
-    hints = typing.get_type_hints(schema)
+def help_text(f: dataclasses.Field) -> str:
+    """The help text of one schema field (``metadata={"help": ...}``)."""
+    return str(f.metadata.get("help", ""))
+
+
+def describe(schema: type | Any, prefix: str = "") -> str:
+    """Every key of ``schema`` (nested ones dotted) with its type, default and help text. An
+    instance is described with its own values as the defaults (a role's nested sections)."""
+    instance = schema if not isinstance(schema, type) else None
+    cls = type(schema) if instance is not None else schema
+    hints = _hints(cls)
     lines = []
-    for f in dataclasses.fields(schema):
+    for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
-        default = _default(f)
+        default = getattr(instance, f.name) if instance is not None else _default(f)
         if dataclasses.is_dataclass(default):
-            lines.append(f"{key}:  {f.metadata.get('help', '')}".rstrip())
-            lines.append(describe(type(default), key + "."))
+            lines.append(f"{key}:  {help_text(f)}".rstrip())
+            lines.append(describe(default, key + "."))
             continue
-        help_text = f.metadata.get("help", "")
-        lines.append(f"{key} ({_type_name(hints.get(f.name, f.type))}) = {default!r}  {help_text}")
+        kind = _type_name(hints.get(f.name, f.type))
+        lines.append(f"{key} ({kind}) = {_show(default)}  {help_text(f)}")
     return "\n".join(line for line in lines if line)
+
+
+def _show(value: Any) -> str:
+    """A default as YAML writes it on one line (null, true, 'text', [a, b])."""
+    import yaml
+
+    try:
+        text = yaml.safe_dump(_plain_value(value), default_flow_style=True, width=10**6)
+    except yaml.YAMLError:
+        return repr(value)
+    return text.strip().removesuffix("...").strip()
 
 
 def undocumented(schema: type, prefix: str = "") -> list[str]:
@@ -192,8 +357,52 @@ def undocumented(schema: type, prefix: str = "") -> list[str]:
     missing = []
     for f in dataclasses.fields(schema):
         default = _default(f)
-        if not f.metadata.get("help"):
+        if not help_text(f):
             missing.append(f"{prefix}{f.name}")
         if dataclasses.is_dataclass(default):
             missing += undocumented(type(default), f"{prefix}{f.name}.")
     return missing
+
+
+def add_help_config(
+    parser: argparse.ArgumentParser, *schemas: type | tuple[str, type | Any]
+) -> None:
+    """``--help-config``: print every key of the schema(s) with type, default and help, exit 0
+    (like ``--help``, before any other argument is checked). A ``(title, schema)`` pair prints
+    that schema under a heading; several schemas print one after the other."""
+
+    class _HelpConfig(argparse.Action):
+        def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+            super().__init__(
+                option_strings,
+                dest,
+                nargs=0,
+                default=argparse.SUPPRESS,
+                help="print every config key with its type, default and help, and exit",
+            )
+
+        def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+            print(help_config(*schemas))
+            parser.exit(0)
+
+    parser.add_argument("--help-config", action=_HelpConfig)
+
+
+def help_config(*schemas: type | tuple[str, type | Any]) -> str:
+    """The ``--help-config`` text of one or more schemas."""
+    blocks = []
+    for item in schemas:
+        title, schema = item if isinstance(item, tuple) else ("", item)
+        text = describe(schema)
+        blocks.append(f"# {title}\n{text}" if title else text)
+    return "\n\n".join(blocks)
+
+
+def wants_help_config(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for ``--help-config`` (for entry points that dispatch
+    before they parse)."""
+    return "--help-config" in argv
+
+
+def print_help_config(*schemas: type | tuple[str, type | Any]) -> None:
+    print(help_config(*schemas), file=sys.stdout)
