@@ -80,11 +80,17 @@ def _has_defaults_list(path: Path) -> bool:
     return isinstance(data, Mapping) and "defaults" in data
 
 
-def compose(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> dict[str, Any]:
+def compose(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), schema: type | None = None
+) -> dict[str, Any]:
     """A Hydra-composed YAML (defaults list + overrides) as a plain dict. The file's folder is
     the primary config dir (so ``experiment=paper`` finds ``<folder>/experiment/paper.yaml``)
     and ``configs/`` is on the search path, so a file anywhere can pull the shipped groups
-    (``/rl/trainer@trainer``, ``/judge@judge: rules``)."""
+    (``/rl/trainer@trainer``, ``/judge@judge: rules``).
+
+    With a ``schema``, its defaults are the first layer of the composition: the YAML files
+    hold only what differs, and ``key=value`` overrides still reach every key of the schema
+    (Hydra only overrides keys that exist)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -94,20 +100,46 @@ def compose(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> dict
     p = Path(path).resolve()
     if not p.is_file():
         raise MiaError(f"config {p} not found")
-    search = f"hydra.searchpath=[file://{CONFIG_ROOT}]"
+    name = p.stem
+    if schema is not None:
+        name = _store_schema(schema, p.stem)
+    search = (
+        []
+        if any(o.startswith("hydra.searchpath=") for o in overrides)
+        else [f"hydra.searchpath=[file://{CONFIG_ROOT}]"]
+    )
     try:
         with initialize_config_dir(config_dir=str(p.parent), version_base=None):
-            cfg = hydra_compose(config_name=p.stem, overrides=[search, *overrides])
+            cfg = hydra_compose(config_name=name, overrides=[*search, *overrides])
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         raise MiaError(f"bad config {p.name}: {_first_line(err)}") from None
 
 
+def _store_schema(schema: type, stem: str) -> str:
+    """Register ``schema``'s defaults and a primary config ``[defaults, <stem>, _self_]`` in
+    Hydra's config store; the primary's name."""
+    from hydra.core.config_store import ConfigStore
+
+    tag = f"{schema.__module__}.{schema.__qualname__}".replace(".", "_")
+    store = ConfigStore.instance()
+    store.store(name=f"_schema_{tag}", node=to_dict(schema()))
+    primary = f"_with_schema_{tag}__{stem}"
+    store.store(name=primary, node={"defaults": [f"_schema_{tag}", stem, "_self_"]})
+    return primary
+
+
 def load_dict(
-    source: Source = None, overrides: Sequence[str] = (), *, group: str | None = None
+    source: Source = None,
+    overrides: Sequence[str] = (),
+    *,
+    group: str | None = None,
+    schema: type | None = None,
+    hydra: bool | None = None,
 ) -> dict[str, Any]:
-    """The YAML layer plus overrides as a plain dict (no schema): composed when the YAML has a
-    defaults list."""
+    """The YAML layer plus overrides as a plain dict: composed by Hydra when the YAML has a
+    defaults list (or ``hydra=True``), over ``schema``'s defaults when given (see
+    :func:`compose`)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -117,8 +149,8 @@ def load_dict(
     if source is not None and not isinstance(source, Mapping):
         path = resolve_path(source, group)
         try:
-            if _has_defaults_list(path):
-                return compose(path, overrides)
+            if hydra or (hydra is None and _has_defaults_list(path)):
+                return compose(path, overrides, schema)
             source = OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[assignment]
         except (OmegaConfBaseException, ValueError, OSError) as err:
             raise MiaError(f"bad config {path}: {_first_line(err)}") from None
@@ -259,10 +291,12 @@ def load_config(
     *,
     group: str | None = None,
     where: str = "",
+    hydra: bool | None = None,
 ) -> T:
     """Schema defaults <- YAML ``source`` (file, ``configs/<group>/<name>``, or a mapping) <-
-    ``key=value`` overrides, checked against ``schema``."""
-    data = load_dict(source, overrides, group=group)
+    ``key=value`` overrides, checked against ``schema``. A YAML with a defaults list (or any
+    YAML with ``hydra=True``) is composed by Hydra, so group overrides work (``judge=llm``)."""
+    data = load_dict(source, overrides, group=group, schema=schema, hydra=hydra)
     return from_dict(schema, data, where or (f"{group} config" if group else ""))
 
 
@@ -382,7 +416,10 @@ def add_help_config(
             )
 
         def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-            print(help_config(*schemas))
+            try:
+                print(help_config(*schemas), flush=True)
+            except BrokenPipeError:  # `... --help-config | head`
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             parser.exit(0)
 
     parser.add_argument("--help-config", action=_HelpConfig)
@@ -396,13 +433,3 @@ def help_config(*schemas: type | tuple[str, type | Any]) -> str:
         text = describe(schema)
         blocks.append(f"# {title}\n{text}" if title else text)
     return "\n\n".join(blocks)
-
-
-def wants_help_config(argv: Sequence[str]) -> bool:
-    """Whether a command line asks for ``--help-config`` (for entry points that dispatch
-    before they parse)."""
-    return "--help-config" in argv
-
-
-def print_help_config(*schemas: type | tuple[str, type | Any]) -> None:
-    print(help_config(*schemas), file=sys.stdout)
