@@ -81,12 +81,17 @@ def _has_defaults_list(path: Path) -> bool:
 
 
 def compose(
-    path: str | os.PathLike[str], overrides: Sequence[str] = (), schema: type | None = None
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    schema: type | None = None,
+    *,
+    config_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """A Hydra-composed YAML (defaults list + overrides) as a plain dict. The file's folder is
     the primary config dir (so ``experiment=paper`` finds ``<folder>/experiment/paper.yaml``)
     and ``configs/`` is on the search path, so a file anywhere can pull the shipped groups
-    (``/rl/trainer@trainer``, ``/judge@judge: rules``).
+    (``/rl/trainer@trainer``, ``/judge@judge: rules``). With ``config_dir``, that folder is the
+    primary config dir instead (``path`` lies under it) and nothing is added to the search path.
 
     With a ``schema``, its defaults are the first layer of the composition: the YAML files
     hold only what differs, and ``key=value`` overrides still reach every key of the schema
@@ -100,32 +105,33 @@ def compose(
     p = Path(path).resolve()
     if not p.is_file():
         raise MiaError(f"config {p} not found")
-    name = p.stem
+    root = Path(config_dir).resolve() if config_dir is not None else p.parent
+    name = p.relative_to(root).with_suffix("").as_posix()
     if schema is not None:
-        name = _store_schema(schema, p.stem)
-    search = (
-        []
-        if any(o.startswith("hydra.searchpath=") for o in overrides)
-        else [f"hydra.searchpath=[file://{CONFIG_ROOT}]"]
-    )
+        name = _store_schema(schema, name)
+    searched = config_dir is not None or any(o.startswith("hydra.searchpath=") for o in overrides)
+    search = [] if searched else [f"hydra.searchpath=[file://{CONFIG_ROOT}]"]
     try:
-        with initialize_config_dir(config_dir=str(p.parent), version_base=None):
+        with initialize_config_dir(config_dir=str(root), version_base=None):
             cfg = hydra_compose(config_name=name, overrides=[*search, *overrides])
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad config {p.name}: {_first_line(err)}") from None
+        text = _first_line(err)
+        if text.startswith("Could not override '") and "To append" in str(err):
+            text = f"unknown key {text.split(chr(39))[1]!r} (--help-config lists the keys)"
+        raise MiaError(f"bad config {p.name}: {text}") from None
 
 
-def _store_schema(schema: type, stem: str) -> str:
-    """Register ``schema``'s defaults and a primary config ``[defaults, <stem>, _self_]`` in
+def _store_schema(schema: type, name: str) -> str:
+    """Register ``schema``'s defaults and a primary config ``[defaults, <name>, _self_]`` in
     Hydra's config store; the primary's name."""
     from hydra.core.config_store import ConfigStore
 
     tag = f"{schema.__module__}.{schema.__qualname__}".replace(".", "_")
     store = ConfigStore.instance()
     store.store(name=f"_schema_{tag}", node=to_dict(schema()))
-    primary = f"_with_schema_{tag}__{stem}"
-    store.store(name=primary, node={"defaults": [f"_schema_{tag}", stem, "_self_"]})
+    primary = f"_with_schema_{tag}__{name.replace('/', '_')}"
+    store.store(name=primary, node={"defaults": [f"_schema_{tag}", name, "_self_"]})
     return primary
 
 

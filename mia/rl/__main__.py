@@ -68,7 +68,8 @@ def compose(
 ) -> dict[str, Any]:
     """The composed config ``<config_dir>/<config_name>.yaml`` as a plain dict (Hydra defaults
     list + ``key=value`` overrides, over ``schema``'s defaults; :func:`mia.config.compose`)."""
-    return compose_file(Path(config_dir) / f"{config_name}.yaml", overrides, schema)
+    path = Path(config_dir) / f"{config_name}.yaml"
+    return compose_file(path, overrides, schema, config_dir=config_dir)
 
 
 def import_target(target: str, what: str) -> Any:

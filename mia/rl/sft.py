@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.paths import CONFIG_ROOT, atomic_write_text
 from mia.rl.metrics import LoggingConfig, MetricsLogger
@@ -644,6 +645,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mia.rl.sft") -> N
     )
     parser.add_argument("--config-dir", help="another folder of configs (NAME.yaml inside)")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    add_help_config(parser, SftConfig)
     parser.add_argument("overrides", nargs="*", help="key=value (Hydra override syntax)")
     args = parser.parse_intermixed_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub
