@@ -63,8 +63,6 @@ def resolve_path(name: str | os.PathLike[str], group: str | None = None) -> Path
     p = Path(name).expanduser()
     if p.is_file():
         return p
-    if p.suffix != ".yaml" and p.with_name(p.name + ".yaml").is_file():
-        return p.with_name(p.name + ".yaml")
     if group is not None:
         named = CONFIG_ROOT / group / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
         if named.is_file():

@@ -1,5 +1,6 @@
-"""What the role trainers (executor_train, planner_train, ttrl, ttrl_streaming) share: Hydra
-composition of a role config with the engine's groups, the trainer section, judges, services and
+"""What the role trainers (executor_train, planner_train, ttrl, ttrl_streaming) share: their
+config loading (Hydra composition of a role YAML with the engine's groups, over the role
+schema's defaults, validated by :mod:`mia.config`), the trainer section, judges, services and
 the command-line wrapper. Roles are configurations of one engine (``mia.rl.Trainer``); this
 module is the glue, not a second engine.
 """
@@ -33,7 +34,10 @@ def role_config_path(role: str, config_name: str) -> Path:
     path = Path(name)
     if path.is_absolute() or path.parent != Path("."):  # a config file elsewhere
         return resolve_path(f"{name}.yaml")
-    return resolve_path(name, role)
+    named = CONFIG_ROOT / role / f"{name}.yaml"
+    if not named.is_file():
+        raise MiaError(f"config {named} not found")
+    return named
 
 
 def compose_role(
