@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +147,8 @@ def gold_world_file(
     from mia.rl.policy import config_from_dict
     from mia.rl.sft import GoldWorldConfig
 
+    if is_dataclass(g) and not isinstance(g, GoldWorldConfig):
+        g = asdict(g)  # e.g. the class of ``python -m mia.rl.sft`` (``__main__``), not this one
     cfg = g if isinstance(g, GoldWorldConfig) else config_from_dict(GoldWorldConfig, dict(g))
     cfg.validate()
     emit = say or (lambda _line: None)
