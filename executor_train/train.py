@@ -52,6 +52,7 @@ def build_trainer(
         memory=memory_client(services),
         reward_cfg=cfg.get("reward"),
         replan=bool(cfg.get("replan", True)),
+        missing_plan=str(cfg.get("missing_plan", "plan")),
         chat_template_kwargs=cfg.get("chat_template_kwargs") or None,
     )
     reward = ExecutorReward(judge, cfg.get("reward"))

@@ -290,7 +290,8 @@ def warm_start_roles(
         if r["backend"] != "local" or r["model_path"] != "embedded":
             continue
         recipe = warm_recipe(role, list(cfg.warm_start.overrides.get(role) or []))
-        if recipe["data"]["gold_world"].get("seed") == cfg.world.seed:
+        seeds = recipe["data"]["gold_world"].get("seed")
+        if cfg.world.seed in (seeds if isinstance(seeds, list) else [seeds]):
             _say(
                 f"  note: world seed {cfg.world.seed} is the {role}'s SFT world: the test "
                 "questions are not held out"

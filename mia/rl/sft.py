@@ -58,21 +58,40 @@ Log = Callable[[str], None]
 
 @dataclass
 class GoldWorldConfig:
-    """Gold transcripts of a synthetic world (:mod:`mia.apps.gold`), used when ``data.train``
-    is unset. ``plan``: the Executor prompt with the gold plan (``with``), without (``without``)
-    or one conversation of each (``both``, so the model serves with and without a Planner)."""
+    """Gold transcripts of synthetic worlds (:mod:`mia.apps.gold`), used when ``data.train``
+    is unset. ``seed``: one world or a list of worlds (each world's ``split``, ``limit`` questions
+    each). ``plan``: the Executor prompt with the gold plan (``with``), without (``without``),
+    one conversation of each (``both``, so the model serves with and without a Planner) or one
+    of the two per question, about half each (``alternate``). ``style``: how much the
+    Executor's reasoning says (``full`` | ``concise`` | ``terse``, docs/gold.md)."""
 
-    seed: int = 0
+    seed: int | list[int] = 0
     size: str = "default"
     split: str = "train"
     limit: int | None = None  # first N questions of the split (after the type filter)
     types: list[str] = field(default_factory=lambda: ["single_hop", "bridge", "comparison"])
-    plan: str = "both"  # with | without | both
+    plan: str = "both"  # with | without | both | alternate
     topk: int = 3  # search results per query (the agent config's default)
+    style: str = "full"  # full | concise | terse
+
+    @property
+    def seeds(self) -> list[int]:
+        return [int(s) for s in self.seed] if isinstance(self.seed, list | tuple) else [self.seed]
 
     def validate(self) -> GoldWorldConfig:
-        if self.plan not in ("with", "without", "both"):
-            raise MiaError(f"data.gold_world.plan must be with | without | both, got {self.plan!r}")
+        if self.plan not in ("with", "without", "both", "alternate"):
+            raise MiaError(
+                f"data.gold_world.plan must be with | without | both | alternate, got {self.plan!r}"
+            )
+        if self.style not in ("full", "concise", "terse"):
+            raise MiaError(
+                f"data.gold_world.style must be full | concise | terse, got {self.style!r}"
+            )
+        seeds = self.seeds
+        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+            raise MiaError(
+                f"data.gold_world.seed must be >= 0 (distinct in a list), got {self.seed}"
+            )
         if self.split not in ("train", "test", "all"):
             raise MiaError(f"data.gold_world.split must be train | test | all, got {self.split!r}")
         if self.limit is not None and self.limit < 1:
