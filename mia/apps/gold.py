@@ -714,8 +714,11 @@ def generate_gold(
     limit: int | None = None,
     progress: bool | Callable[[int, int], None] = False,
     style: str = "full",
+    questions: Sequence[Question] | None = None,
 ) -> GoldReport:
     """Gold examples for ``split`` (``train``/``test``/``all``) plus the skipped questions.
+    ``questions``: these questions of the world instead of a split (e.g. other readings of a
+    question, :mod:`mia.apps.planner_gold`).
 
     ``index``: an index folder or an opened :class:`local_search.Retriever` of THIS world's
     corpus (checked by sha256). ``image_cache_root``: the world's ``image_cache`` folder; when
@@ -734,7 +737,7 @@ def generate_gold(
         raise MiaError(f"gold: with_plan must be True, False or 'alternate', got {with_plan!r}")
     if style not in STYLES:
         raise MiaError(f"gold: style must be one of {STYLES}, got {style!r}")
-    questions = _questions(world, split, limit)
+    questions = list(questions) if questions is not None else _questions(world, split, limit)
     with ExitStack() as stack:
         if isinstance(index, str | os.PathLike):
             retriever = open_index(index)

@@ -236,6 +236,15 @@ def _build_world_gold(
                 for ex in report.examples:
                     plan = gets_plan(ex.id, with_plan)
                     rows.append({**ex.to_dict(), "variant": "plan" if plan else "no_plan"})
+            if cfg.planner_memory:
+                from mia.apps.planner_gold import planner_memory_examples
+
+                emit("gold: plan chats with retrieved memories")
+                memory_rows = planner_memory_examples(
+                    world, retriever, split=cfg.split, style=cfg.style, agent_config=agent
+                )
+                emit(f"gold: {len(memory_rows)} plan chats with memories")
+                rows += [{**r, "variant": "memory"} for r in memory_rows]
     return rows
 
 

@@ -73,6 +73,9 @@ class GoldWorldConfig:
     plan: str = "both"  # with | without | both | alternate
     topk: int = 3  # search results per query (the agent config's default)
     style: str = "full"  # full | concise | terse
+    # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
+    # data that teaches the Planner to derive its plan from memory.
+    planner_memory: bool = False
 
     @property
     def seeds(self) -> list[int]:
