@@ -13,6 +13,7 @@ from typing import Any
 
 from mia.agent.config import AgentConfig
 from mia.config import option, section
+from mia.errors import MiaError
 from mia.judge import JudgeConfig
 from mia.rewards.config import ExecutorRewardConfig
 from mia.rl.trainer import TrainerConfig
@@ -62,6 +63,11 @@ class ExecutorTrainConfig:
     replan: bool = option(
         True, "one supplementary plan from /replan_train when the first answer is wrong"
     )
+    missing_plan: str = option(
+        "plan",
+        "a row without a plan column: plan (memory_serve /plan) | none (no guide: the "
+        "Executor alone, as the eval policy `none`)",
+    )
     chat_template_kwargs: dict[str, Any] = option(
         {}, "passed to the chat template when rendering prompts"
     )
@@ -81,6 +87,8 @@ class ExecutorTrainConfig:
     )
 
     def validate(self) -> ExecutorTrainConfig:
+        if self.missing_plan not in ("plan", "none"):
+            raise MiaError(f"missing_plan must be plan | none, got {self.missing_plan!r}")
         self.agent.validate()
         self.reward.validate()
         return self

@@ -34,6 +34,8 @@ class ExecutorEpisode(AgentEpisode):
     ``memory``: the memory_serve client for ``/plan`` (rows without a plan) and
     ``/replan_train``; None trains without replans (and needs plans in the data).
     ``replan``: False disables the replan on failure.
+    ``missing_plan``: what a row without a plan gets: ``plan`` (memory_serve ``/plan``) or
+    ``none`` (no guide: the Executor alone, as the eval policy ``none``).
     """
 
     def __init__(
@@ -47,8 +49,12 @@ class ExecutorEpisode(AgentEpisode):
         replan: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         loop_cls: type | None = None,
+        missing_plan: str = "plan",
     ) -> None:
         super().__init__(tools, cfg, loop_cls=loop_cls, chat_template_kwargs=chat_template_kwargs)
+        if missing_plan not in ("plan", "none"):
+            raise MiaError(f"missing_plan must be plan | none, got {missing_plan!r}")
+        self.missing_plan = missing_plan
         self.judge = judge
         self.memory = memory
         self.reward_cfg = load_reward_config(ExecutorRewardConfig, reward_cfg)
@@ -60,6 +66,8 @@ class ExecutorEpisode(AgentEpisode):
         """``(plan, memory context)`` of a sample: its own columns, else memory_serve /plan."""
         if sample.get("plan"):
             return str(sample["plan"]), str(sample.get("memory_context") or "")
+        if self.missing_plan == "none":
+            return "", str(sample.get("memory_context") or "")
         if self.memory is None:
             raise MiaError(
                 f"sample {sample.get('data_id')!r} has no plan column and no memory_serve URL "

@@ -52,6 +52,7 @@ def build_trainer(
         memory=memory_client(cfg.services),
         reward_cfg=cfg.reward,
         replan=cfg.replan,
+        missing_plan=cfg.missing_plan,
         chat_template_kwargs=cfg.chat_template_kwargs or None,
     )
     reward = ExecutorReward(judge, cfg.reward)

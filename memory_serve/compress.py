@@ -1,8 +1,11 @@
 """Trajectory -> workflow summary (docs/reference.md §4.3).
 
 ``llm`` mode: the trace (``mia.trace``) goes to the manager LLM with the compression prompt and the
-numbered "purpose (input -> output)" steps after its reasoning are kept. ``identity`` mode keeps
-the formatted trace itself (the RAG baseline of the paper).
+numbered "purpose (input -> output)" steps after its reasoning are kept. ``rules`` mode writes the
+same kind of steps without an LLM (:func:`mia.trace.rule_summary`: the queries, the passages
+found, the sentence in which the Executor concluded): instant and deterministic, the setting for
+small Managers such as the embedded default. ``identity`` mode keeps the formatted trace itself
+(the RAG baseline of the paper).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from memory_serve.llms import sampling
 from mia.llm.base import ChatBackend, LLMError, SamplingParams
 from mia.prompts.manager import compress_prompt
 from mia.prompts.planner import text_after_think
-from mia.trace import format_trace, truncate_words
+from mia.trace import format_trace, rule_summary, truncate_words
 
 
 class Compressor:
@@ -34,6 +37,15 @@ class Compressor:
     def params(self) -> SamplingParams | None:
         assert self.llm is not None
         return sampling(self.llm, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
+
+    async def summary(
+        self, question: str, messages: list[dict[str, Any]], trace: str | None
+    ) -> str:
+        """The workflow summary of a finished trajectory (``trace``: a client's own trace text,
+        used instead of the messages by the llm and identity modes)."""
+        if self.cfg.mode == "rules":
+            return rule_summary(question, messages)
+        return await self.summarise(trace if trace is not None else self.trace(question, messages))
 
     async def summarise(self, trace: str) -> str:
         if self.cfg.mode == "identity":

@@ -91,7 +91,11 @@ class ClassifierConfig:
 
 @dataclass
 class CompressConfig:
-    mode: str = option("llm", "llm (workflow summary) | identity (raw trace: the RAG baseline)")
+    mode: str = option(
+        "llm",
+        "llm (workflow summary by the manager LLM) | rules (the same steps without an LLM: "
+        "mia.trace.rule_summary) | identity (raw trace: the RAG baseline)",
+    )
     max_tool_words: int = option(1024, "tool results in the trace are cut to this many words")
     summary_max_words: int = option(300, "summary length asked of the LLM in the prompt")
     truncate_summary_words: int | None = option(
@@ -166,7 +170,8 @@ class PersistConfig:
 @dataclass
 class LLMRolesConfig:
     enabled: bool = option(
-        True, "false: no LLM at all (retrieval and storage only; needs compress.mode=identity)"
+        True,
+        "false: no LLM at all (retrieval and storage only; needs compress.mode=rules|identity)",
     )
     config: str = option(
         "embedded",
@@ -214,11 +219,13 @@ class MemoryServeConfig:
             ),
             (w.max_memories is None or w.max_memories >= 1, "store.write.max_memories >= 1"),
             (w.max_plan_pairs is None or w.max_plan_pairs >= 1, "store.write.max_plan_pairs >= 1"),
-            (self.compress.mode in ("llm", "identity"), "compress.mode must be llm|identity"),
             (
-                self.llm.enabled
-                or (self.compress.mode == "identity" and not self.classifier.enabled),
-                "llm.enabled=false needs compress.mode=identity and classifier.enabled=false",
+                self.compress.mode in ("llm", "rules", "identity"),
+                "compress.mode must be llm|rules|identity",
+            ),
+            (
+                self.llm.enabled or (self.compress.mode != "llm" and not self.classifier.enabled),
+                "llm.enabled=false needs compress.mode=rules|identity and classifier.enabled=false",
             ),
             (self.compress.concurrency >= 1, "compress.concurrency must be >= 1"),
             (self.compress.on_empty in ("error", "trace"), "compress.on_empty must be error|trace"),

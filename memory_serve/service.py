@@ -330,9 +330,8 @@ class MemoryService:
             async def run() -> str:
                 if summary is not None:
                     return summary
-                text = trace if trace is not None else self.compressor.trace(question, msgs)
                 try:
-                    return await self.compressor.summarise(text)
+                    return await self.compressor.summary(question, msgs, trace)
                 except LLMError as err:
                     raise ApiError(502, f"workflow summary failed: {err}", "llm_error") from None
 

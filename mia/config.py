@@ -246,12 +246,10 @@ def _known_at(schema: type, dotted: str) -> tuple[str, list[str]]:
 
 
 def from_dict(schema: type[T], data: Mapping[str, Any] | T | None, where: str = "") -> T:
-    """A schema instance from a plain mapping (or an OmegaConf node): unknown keys and wrong
-    types are errors, nested dataclasses are built recursively, ``validate()`` runs when the
-    schema has one (an instance is returned as is)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+    """A schema instance from a plain mapping (or an OmegaConf node): the schema's defaults
+    with ``data`` merged in (nested sections and free-form dicts key by key, lists replaced),
+    unknown keys and wrong types are errors, ``validate()`` runs when the schema has one (an
+    instance is returned as is)."""
     if isinstance(data, schema):
         return data
     where = where or schema.__name__
@@ -262,13 +260,10 @@ def from_dict(schema: type[T], data: Mapping[str, Any] | T | None, where: str = 
         under = f" under {section}" if section else ""
         raise MiaError(f"{where}: unknown key(s) {unknown} (known{under}: {known})")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.create(raw))
-        cfg = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as err:
-        key = getattr(err, "full_key", None)
-        text = _first_line(err)
-        raise MiaError(f"{where}: {key}: {text}" if key else f"{where}: {text}") from None
-    _tuples(cfg)
+        cfg = _build(schema, raw, None, "")
+        _resolve_strings(cfg)
+    except _TypeProblem as err:
+        raise MiaError(f"{where}: {err}") from None
     validate = getattr(cfg, "validate", None)
     if callable(validate):
         takes_where = "where" in inspect.signature(validate).parameters
@@ -277,15 +272,168 @@ def from_dict(schema: type[T], data: Mapping[str, Any] | T | None, where: str = 
     return cfg  # type: ignore[return-value]
 
 
-def _tuples(cfg: Any) -> None:
-    """OmegaConf hands tuple fields back as lists: make them tuples again (``betas``)."""
-    hints = _hints(type(cfg))
+class _TypeProblem(Exception):
+    """A value that does not fit its field (``key: message``)."""
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _build(cls: type, raw: Mapping[str, Any], base: Any, prefix: str) -> Any:
+    """``cls`` from ``base`` (an instance holding the defaults; None: the class's own) with
+    ``raw``'s keys applied."""
+    if base is None:
+        try:
+            base = cls()
+        except TypeError:  # required fields: every one must be given
+            base = None
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = f"{prefix}{f.name}"
+        current = getattr(base, f.name) if base is not None else dataclasses.MISSING
+        if f.name in raw:
+            start = None if current is dataclasses.MISSING else current
+            kwargs[f.name] = _value(hints.get(f.name, Any), raw[f.name], start, key)
+        elif current is dataclasses.MISSING:
+            raise _TypeProblem(f"{key}: required")
+        else:
+            kwargs[f.name] = current
+    return cls(**kwargs)
+
+
+def _value(tp: Any, value: Any, current: Any, key: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (merged into ``current`` for sections
+    and dicts). Exact types first; then the conversions a YAML string allows ("3" -> 3)."""
+    for strict in (True, False):
+        ok, out = _fit(tp, value, current, key, strict)
+        if ok:
+            return out
+    shown = value if isinstance(value, str | int | float | bool | None) else type(value).__name__
+    raise _TypeProblem(f"{key}: {shown!r} is not {_type_name(tp)}")
+
+
+def _fit(tp: Any, value: Any, current: Any, key: str, strict: bool) -> tuple[bool, Any]:
+    if tp is Any or tp is object or isinstance(tp, str | typing.TypeVar):
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            return True, _merge_plain(current, value)
+        return True, copy.deepcopy(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return True, value
+        if isinstance(value, Mapping):
+            base = current if isinstance(current, tp) else None
+            return True, _build(tp, value, base, f"{key}.")
+        return False, None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return type(None) in args, None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                ok, out = _fit(arg, value, current, key, strict)
+            except _TypeProblem:
+                continue
+            if ok:
+                return True, out
+        return False, None
+    if value is None:
+        return tp is type(None), None
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            return False, None
+        item = args[1] if len(args) == 2 else Any
+        out = dict(current) if isinstance(current, Mapping) else {}
+        for k, v in value.items():
+            out[k] = _value(item, v, out.get(k), f"{key}.{k}")
+        return True, out
+    if origin in (list, Sequence) or tp is list:
+        if not isinstance(value, list | tuple):
+            return False, None
+        item = args[0] if args else Any
+        return True, [_value(item, v, None, f"{key}[{n}]") for n, v in enumerate(value)]
+    if origin is tuple or tp is tuple:
+        if not isinstance(value, list | tuple):
+            return False, None
+        if len(args) == 2 and args[1] is Ellipsis:
+            kinds = [args[0]] * len(value)
+        elif args:
+            if len(args) != len(value):
+                return False, None
+            kinds = list(args)
+        else:
+            kinds = [Any] * len(value)
+        items = zip(kinds, value, strict=True)
+        return True, tuple(_value(t, v, None, f"{key}[{n}]") for n, (t, v) in enumerate(items))
+    return _scalar(tp, value, strict)
+
+
+def _scalar(tp: Any, value: Any, strict: bool) -> tuple[bool, Any]:
+    if tp is bool:
+        if isinstance(value, bool):
+            return True, value
+        if not strict and isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return True, value.lower() in _TRUE
+        return False, None
+    if isinstance(value, bool):
+        return False, None
+    if tp is int:
+        if isinstance(value, int):
+            return True, value
+        if not strict and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return True, int(value)
+        return False, None
+    if tp is float:
+        if isinstance(value, int | float):
+            return True, float(value)
+        if not strict and isinstance(value, str):
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, None
+        return False, None
+    if tp is str:
+        if isinstance(value, str):
+            return True, value
+        if not strict and isinstance(value, os.PathLike):
+            return True, os.fspath(value)
+        if not strict and isinstance(value, int | float):
+            return True, str(value)
+        return False, None
+    if isinstance(tp, type):
+        return isinstance(value, tp), value
+    return True, value  # an annotation this checker does not know: taken as is
+
+
+def _merge_plain(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge_plain(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _resolve_strings(cfg: Any, prefix: str = "") -> None:
+    """Resolve ``${oc.env:NAME,default}``-style interpolations left in string fields (schema
+    defaults that read the environment), as OmegaConf does."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            _tuples(value)
-        elif isinstance(value, list) and typing.get_origin(hints.get(f.name)) is tuple:
-            setattr(cfg, f.name, tuple(value))
+            _resolve_strings(value, f"{prefix}{f.name}.")
+        elif isinstance(value, str) and "${" in value:
+            from omegaconf import OmegaConf
+            from omegaconf.errors import OmegaConfBaseException
+
+            try:
+                resolved = OmegaConf.to_container(OmegaConf.create({"v": value}), resolve=True)
+            except OmegaConfBaseException as err:
+                raise _TypeProblem(f"{prefix}{f.name}: {_first_line(err)}") from None
+            object.__setattr__(cfg, f.name, resolved["v"])  # type: ignore[index]
 
 
 def load_config(

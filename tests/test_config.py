@@ -230,7 +230,7 @@ def test_from_dict_types_nested_sections_and_one_line_errors() -> None:
     assert isinstance(cfg.inner.pair, tuple)
     with pytest.raises(MiaError, match=r"^where: unknown key\(s\) \['inner.kk'\] \(known under "):
         from_dict(_Outer, {"inner": {"kk": 1}}, "where")
-    with pytest.raises(MiaError, match=r"^_Outer: inner.k: Value 'abc'") as err:
+    with pytest.raises(MiaError, match=r"^_Outer: inner.k: 'abc' is not int") as err:
         from_dict(_Outer, {"inner": {"k": "abc"}})
     assert "\n" not in str(err.value)
     with pytest.raises(MiaError, match="name must not be bad"):
@@ -273,7 +273,7 @@ def test_role_configs_compose_over_the_schema(tmp_path: Path) -> None:
     assert (other.replan, other.judge.type, other.trainer.n) == (False, "llm", 4)
     with pytest.raises(MiaError, match="unknown key 'trainer.bogus'"):
         executor_config("default", ["trainer.bogus=1"])
-    with pytest.raises(MiaError, match=r"trainer.n: Value 'x'"):
+    with pytest.raises(MiaError, match=r"trainer.n: 'x' is not int"):
         executor_config("default", ["trainer.n=x"])
 
 
@@ -361,7 +361,7 @@ def test_bad_role_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
     from ttrl.run import main
 
     for argv, message in (
-        (["trainer.n=abc"], "python -m ttrl: error: ttrl config: trainer.n: Value 'abc'"),
+        (["trainer.n=abc"], "python -m ttrl: error: ttrl config: trainer.n: 'abc' is not int"),
         (["nosuch=1"], "python -m ttrl: error: bad config default.yaml: unknown key 'nosuch'"),
         (["mode=sometimes"], "python -m ttrl: error: mode must be one of"),
     ):

@@ -102,7 +102,7 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
         assert any(line.startswith(step) for line in lines), step
     header = next(i for i, line in enumerate(lines) if line.startswith("policy "))
     assert lines[header].split()[:3] == ["policy", "n", "acc"]
-    table = [line.split()[:2] for line in lines[header + 2 : header + 6]]
+    table = [line.split()[:2] for line in lines[header + 1 : header + 5]]
     assert table == [["none", "2"], ["plan_only", "2"], ["mia", "2"], ["ttrl", "2"]]
     assert any(line.startswith("done in ") for line in lines)
     # The tiny model is not the embedded one: no warm start, no SmolLM2 note.
@@ -116,7 +116,14 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     assert (out / "ttrl" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     demo = json.loads((out / "demo.json").read_text())
     assert [s["policy"] for s in demo["summaries"]] == ["none", "plan_only", "mia", "ttrl"]
-    assert demo["summaries"][-1]["accuracy"] == ttrl_rows[0]["accuracy"]
+    # TTRL's answer per question is the majority of its n answers
+    assert demo["summaries"][-1]["accuracy"] == ttrl_rows[0]["accuracy_vote"]
+    assert demo["summaries"][-1]["accuracy_rollouts"] == ttrl_rows[0]["accuracy"]
+    comp = {r["policy"]: r for r in demo["comparison"]}
+    assert list(comp) == ["none", "plan_only", "mia", "ttrl"] and comp["mia"]["n"] == 2
+    for r in comp.values():  # intervals bracket the accuracy; paired differences vs none
+        assert r["ci"][0] <= r["accuracy"] <= r["ci"][1]
+        assert ("delta" in r) == (r["policy"] != "none")
     assert demo["world"] == {"seed": 1, "size": "small"} and demo["warm_start"] == {}
     for policy in ("none", "plan_only", "mia"):
         rows = [json.loads(x) for x in (out / policy / "results.jsonl").read_text().splitlines()]

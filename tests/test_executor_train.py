@@ -222,3 +222,22 @@ def test_missing_data_is_one_clear_error(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         "python -m executor_train: error: set data.train=FILE (reference parquet, JSON or JSONL)"
     )
+
+
+def test_rows_without_a_plan_can_train_the_executor_alone() -> None:
+    import asyncio
+
+    from executor_train.episode import ExecutorEpisode
+    from mia.errors import MiaError
+    from mia.judge.rules import RuleJudge
+
+    alone = ExecutorEpisode(None, None, judge=RuleJudge(), missing_plan="none")
+    assert asyncio.run(alone.plan_for({"question": "q", "plan": None})) == ("", "")
+    assert asyncio.run(alone.plan_for({"question": "q", "plan": "1. x"})) == ("1. x", "")
+    asks = ExecutorEpisode(None, None, judge=RuleJudge())  # default: memory_serve /plan
+    with pytest.raises(MiaError, match="no plan column and no memory_serve URL"):
+        asyncio.run(asks.plan_for({"question": "q", "plan": None}))
+    with pytest.raises(MiaError, match="missing_plan must be"):
+        ExecutorEpisode(None, None, judge=RuleJudge(), missing_plan="sometimes")
+    cfg = compose_role("executor_train", "default", ["missing_plan=none"])
+    assert cfg["missing_plan"] == "none"

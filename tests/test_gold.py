@@ -391,3 +391,66 @@ def test_unreachable_passages_are_skipped_with_a_reason(built) -> None:
         )
     assert report.examples == [] and len(report.skipped) == 5
     assert all("the observation has no passage on" in s.reason for s in report.skipped)
+
+
+# -- styles and plan modes (the SFT recipe's data knobs) -----------------------------------------
+
+
+@pytest.mark.parametrize("style", ["concise", "terse"])
+def test_shorter_styles_keep_the_same_tool_calls_and_answers(built, style) -> None:
+    world, root, report = built
+    short = generate_gold(world, root / "idx", "test", root / "w0" / "image_cache", style=style)
+    full = {e.id: e for e in report.examples if e.split == "test"}
+    assert [e.id for e in short.examples] == list(full)  # the same coverage
+    judge = RuleJudge(mode="em")
+    questions = {q.id: q for q in world.questions}
+    for ex in short.examples:
+        turns, long_turns = _assistant(ex), _assistant(full[ex.id])
+        assert check_format(turns).ok, (ex.id, check_format(turns).issues)
+        # the same searches, observations and answer; only the reasoning is shorter
+        assert _calls(ex) == _calls(full[ex.id])
+        assert _observations(ex) == _observations(full[ex.id])
+        assert turns[-1].endswith(long_turns[-1][long_turns[-1].index("<answer>") :])
+        assert sum(map(len, turns)) < sum(map(len, long_turns))
+        answer = turns[-1].split("<answer>")[1].split("</answer>")[0]
+        assert judge.grade_sync(ex.question, answer, questions[ex.id].answers).correct
+        if style == "terse":
+            assert '"' not in "".join(t.split("<tool_call>")[0] for t in turns)
+        elif ex.type in ("single_hop", "bridge"):
+            assert turns[-1].startswith('<think>\n"')  # the answer-bearing sentence is quoted
+        if ex.type == "single_hop":
+            assert turns[0].startswith("<think>\nI need the ")
+
+
+def test_alternate_plan_gives_about_half_the_questions_the_plan(built) -> None:
+    from mia.apps.gold import gets_plan
+
+    world, root, _ = built
+    report = generate_gold(
+        world, root / "idx", "all", root / "w0" / "image_cache", with_plan="alternate"
+    )
+    with_plan = [
+        "guide for your reference" in content_text(e.messages[1]["content"])
+        for e in report.examples
+    ]
+    assert with_plan == [gets_plan(e.id, "alternate") for e in report.examples]
+    assert 0.35 < sum(with_plan) / len(with_plan) < 0.65
+    assert gets_plan("x", True) and not gets_plan("x", False)
+    with pytest.raises(MiaError, match="with_plan must be"):
+        generate_gold(world, root / "idx", "test", with_plan="sometimes")
+    with pytest.raises(MiaError, match="style must be one of"):
+        generate_gold(world, root / "idx", "test", style="chatty")
+
+
+def test_cli_style_and_alternate_plan(built, tmp_path, capsys) -> None:
+    world, root, _ = built
+    out = tmp_path / "gold.jsonl"
+    argv = ["gold", "--world", str(root / "w0"), "--index", str(root / "idx"), "--out", str(out)]
+    mia_main([*argv, "--split", "test", "--limit", "4", "--quiet", "--style", "terse",
+              "--alternate-plan"])  # fmt: skip
+    api = generate_gold(
+        world, root / "idx", "test", root / "w0" / "image_cache", limit=4, style="terse",
+        with_plan="alternate",
+    )  # fmt: skip
+    assert out.read_bytes() == dumps_gold(api.examples).encode()
+    capsys.readouterr()

@@ -680,7 +680,7 @@ def test_cli_bad_config_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert (
         proc.stderr.strip()
-        == "memory_serve: error: memory config: compress.mode must be llm|identity"
+        == "memory_serve: error: memory config: compress.mode must be llm|rules|identity"
     )
 
 
@@ -787,3 +787,24 @@ def test_damaged_database_is_one_clear_error_at_start(tmp_path: Path) -> None:
         conn.execute("UPDATE memories SET extra = '[1'")
     with pytest.raises(MiaError, match=f"cannot open the memory store {db}: "):
         MemoryStore(db, shared_embedder())
+
+
+def test_rules_compression_needs_no_llm(tmp_path: Path) -> None:
+    """compress.mode=rules stores mia.trace.rule_summary of the messages, without any LLM."""
+    from mia.trace import rule_summary
+
+    overrides = ("compress.mode=rules", "llm.enabled=false", "classifier.enabled=false")
+    with running(tmp_path, None, overrides=overrides) as (client, _):
+        r = client.post(
+            "/memories",
+            json={
+                "question": "Where is the Eiffel Tower?",
+                "messages": EXEC_MESSAGES,
+                "judgement": "correct",
+            },  # fmt: skip
+        )
+        assert r.status_code == 200, r.text
+        found = client.post("/memory", json={"question": "Where is the Eiffel Tower?"}).json()
+        want = rule_summary("Where is the Eiffel Tower?", EXEC_MESSAGES)
+        assert want.startswith("1. ") and want in found["context"]
+        assert client.get("/stats").json()["compress_mode"] == "rules"

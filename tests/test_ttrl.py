@@ -322,3 +322,21 @@ def test_ttrl_raises_planner_reward_on_the_synthetic_world(tmp_path: Path) -> No
     assert last > first + 0.15, format_curve(result.rows)
     acc = [r["accuracy"] for r in result.rows]
     assert sum(acc[-2:]) / 2 > sum(acc[:2]) / 2 + 0.15, format_curve(result.rows)
+
+
+def test_question_votes_take_the_majority_answer() -> None:
+    from types import SimpleNamespace as NS
+
+    from ttrl.run import question_votes
+
+    def r(group: str, answer: str, qid: str) -> NS:
+        return NS(group=group, trajectory=NS(final_answer=answer), sample={"data_id": qid})
+
+    ok = [r("g0", "Paris", "a"), r("g0", "paris.", "a"), r("g0", "Rome", "a"),
+          r("g1", "X", "b"), r("g1", "Y", "b")]  # fmt: skip
+    votes = question_votes(ok, [1.0, 1.0, 0.0, 0.0, 1.0])
+    assert [(v["data_id"], v["vote_answer"], v["vote_correct"]) for v in votes] == [
+        ("a", "Paris", 1.0),  # two of three say Paris (normalised)
+        ("b", "X", 0.0),  # a tie goes to the earliest rollout
+    ]
+    assert question_votes(ok, [])[0]["vote_correct"] is None  # no ground truth: not judged

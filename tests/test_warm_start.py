@@ -171,3 +171,30 @@ def test_cache_key_is_the_same_in_every_process() -> None:
         for seed in ("1", "2")
     }
     assert len(outs) == 1, outs
+
+
+def test_gold_of_several_worlds_with_alternate_plans_and_a_style(tmp_path: Path) -> None:
+    g = {"seed": [0, 2], "size": "small", "limit": 4, "plan": "alternate", "style": "concise"}
+    path = W.gold_world_file(g, tmp_path, say=None)
+    assert path.name.startswith("w0+2-small-train-")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["id"].split("_")[0] for r in rows] == ["w0"] * 4 + ["w2"] * 4
+    for r in rows:
+        planned = "guide for your reference" in r["messages"][1]["content"]
+        assert r["variant"] == ("plan" if planned else "no_plan")
+        assert r["messages"][2]["content"].startswith("<think>\nI need ") or r["type"] == "bridge"
+    assert {r["variant"] for r in rows} == {"plan", "no_plan"}
+    assert W.gold_world_file(g, tmp_path, say=None) == path  # cached
+    other = W.gold_world_file({**g, "style": "terse"}, tmp_path, say=None)
+    assert other != path
+
+
+def test_gold_world_config_checks_seeds_plan_and_style() -> None:
+    assert S.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
+    assert S.GoldWorldConfig(seed=5).seeds == [5]
+    for bad in ({"seed": [1, 1]}, {"seed": -1}, {"seed": []}, {"plan": "often"},
+                {"style": "chatty"}):  # fmt: skip
+        with pytest.raises(MiaError, match="data.gold_world"):
+            S.GoldWorldConfig(**bad).validate()
+    cfg = S.SftConfig.from_dict(W.warm_recipe("executor", ["data.gold_world.seed=[2,3]"]))
+    assert cfg.data.gold_world.seeds == [2, 3]

@@ -54,6 +54,9 @@ def plot(rows: Sequence[Mapping[str, Any]], out: str | Path, title: str = "TTRL"
                 seen.append(a)
             running.append(sum(seen) / len(seen) if seen else math.nan)
         ax.plot(xs, running, "--", label="accuracy (running mean)")
+    vote = [_num(r.get("accuracy_vote")) for r in rows]
+    if any(v is not None for v in vote):
+        ax.plot(xs, [math.nan if v is None else v for v in vote], "^-", label="majority answer")
     reward = [_num(r.get("reward_mean")) for r in rows]
     ax.plot(xs, [math.nan if v is None else v for v in reward], "s:", label="planner reward")
     ax.set_xlabel("batch")

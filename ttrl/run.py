@@ -90,6 +90,33 @@ def executor_usage(trajectories: Sequence[Any]) -> dict[str, float | None]:
     }
 
 
+def question_votes(ok: Sequence[Any], acc: Sequence[float]) -> list[dict[str, Any]]:
+    """Per question (GRPO group): its rollouts' final answers, their accuracy when known, and
+    the majority answer (normalised; ties go to the earliest rollout) with its accuracy."""
+    from mia.judge.rules import normalize_answer
+
+    known = len(acc) == len(ok)
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(ok):
+        groups.setdefault(r.group, []).append(i)
+    out = []
+    for idx in groups.values():
+        answers = [str(ok[i].trajectory.final_answer) for i in idx]
+        keys = [normalize_answer(a) for a in answers]
+        top = max(keys.count(k) for k in keys)
+        pick = next(i for i, k in zip(idx, keys, strict=True) if keys.count(k) == top)
+        out.append(
+            {
+                "data_id": str(ok[idx[0]].sample.get("data_id")),
+                "answers": answers,
+                "correct": [acc[i] for i in idx] if known else None,
+                "vote_answer": str(ok[pick].trajectory.final_answer),
+                "vote_correct": acc[pick] if known else None,
+            }
+        )
+    return out
+
+
 def _fingerprint(samples: Sequence[Mapping[str, Any]], batch_size: int, n: int) -> str:
     ids = json.dumps([str(s.get("data_id")) for s in samples])
     return hashlib.sha256(f"{ids}|{batch_size}|{n}".encode()).hexdigest()[:16]
@@ -249,6 +276,7 @@ class TTRLRun:
         ok = [r for r in results if r.error is None and r.trajectory is not None]
         acc = self._report_accuracy(trainer, ok)
         judged = [1.0 if r.extras.get("judgement") == "correct" else 0.0 for r in ok]
+        per_question = question_votes(ok, acc)
         row: dict[str, Any] = {
             "batch": batch,
             "step": trainer.step,
@@ -256,6 +284,12 @@ class TTRLRun:
             "rollouts": len(ok),
             "failed_rollouts": len(results) - len(ok),
             "accuracy": _mean(acc),
+            # The answer TTRL gives per question: the majority of its n final answers (no
+            # ground truth needed); its accuracy, next to the mean over single rollouts.
+            "accuracy_vote": _mean(
+                [q["vote_correct"] for q in per_question if q["vote_correct"] is not None]
+            ),
+            "per_question": per_question,
             "accuracy_first": _mean(
                 [float(r.extras["acc_first"]) for r in ok if "acc_first" in r.extras]
             )

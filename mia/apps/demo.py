@@ -32,6 +32,7 @@ from typing import Any
 from mia import precision
 from mia.config import add_help_config, load_config, option, section
 from mia.errors import MiaError
+from mia.eval.stats import comparison
 from mia.judge import JudgeConfig
 from mia.paths import atomic_write_text, config_dir
 
@@ -75,8 +76,15 @@ class WarmStartChoice:
 class TTRLChoice:
     """The TTRL pass after the policies (``ttrl.run_ttrl_pass``; configs/ttrl/default.yaml)."""
 
-    enabled: bool = option(True, "run the TTRL pass (--no-ttrl skips it)")
-    mode: str = option("supervised", "supervised (ground truth) | nogt")
+    enabled: bool = option(True, "run the TTRL passes (--no-ttrl skips them)")
+    modes: list[str] = option(
+        ["supervised"],
+        "one pass per mode, each on a fresh memory store: supervised (ground truth) | nogt",
+    )
+    nogt_method: str = option(
+        "vote",
+        "nogt judging: vote (majority over the n answers; no LLM) | panel (3 critics + an arbiter)",
+    )
     batch_size: int = option(4, "questions per batch: one Planner GRPO step each")
     n: int = option(2, "plans per question (the GRPO group)")
     overrides: list[str] = option(
@@ -163,8 +171,10 @@ class DemoConfig:
         bad = [r for r in bad if r not in WARM_ROLES]
         if bad:
             raise MiaError(f"demo config: warm_start has unknown role(s) {bad}")
-        if self.ttrl.mode not in ("supervised", "nogt"):
-            raise MiaError("demo config: ttrl.mode must be supervised or nogt")
+        if not self.ttrl.modes or set(self.ttrl.modes) - {"supervised", "nogt"}:
+            raise MiaError("demo config: ttrl.modes must be a non-empty list of supervised|nogt")
+        if self.ttrl.nogt_method not in ("vote", "panel"):
+            raise MiaError("demo config: ttrl.nogt_method must be vote or panel")
         if self.ttrl.batch_size < 1 or self.ttrl.n < 1:
             raise MiaError("demo config: ttrl.batch_size and ttrl.n must be >= 1")
         return self
@@ -336,7 +346,8 @@ def warm_start_roles(
         if r["backend"] != "local" or r["model_path"] != "embedded":
             continue
         recipe = warm_recipe(role, list(cfg.warm_start.overrides.get(role) or []))
-        if recipe["data"]["gold_world"].get("seed") == cfg.world.seed:
+        seeds = recipe["data"]["gold_world"].get("seed")
+        if cfg.world.seed in (seeds if isinstance(seeds, list) else [seeds]):
             _say(
                 f"  note: world seed {cfg.world.seed} is the {role}'s SFT world: the test "
                 "questions are not held out"
@@ -366,29 +377,38 @@ def run_ttrl_stage(
     memory_url: str,
     planner_model: str,
     out: Path,
+    mode: str = "supervised",
 ) -> tuple[dict[str, Any], Any]:
     """One TTRL pass over the evaluated questions; returns its table row and the result."""
     from ttrl import run_ttrl_pass
 
     started = time.perf_counter()
     judge_mode = cfg.judge.mode
+    run_dir = out / ttrl_name(mode)
     result = run_ttrl_pass(
-        _ttrl_questions(world, items, out / "ttrl" / "questions.jsonl"),
+        _ttrl_questions(world, items, run_dir / "questions.jsonl"),
         executor_url=serve_url,
         memory_url=memory_url,
-        run_dir=out / "ttrl",
+        run_dir=run_dir,
         model_path=planner_model,
-        mode=cfg.ttrl.mode,
+        mode=mode,
+        nogt_method=cfg.ttrl.nogt_method,
         batch_size=cfg.ttrl.batch_size,
         n=cfg.ttrl.n,
         overrides=[*([f"judge.mode={judge_mode}"] if judge_mode else []), *cfg.ttrl.overrides],
     )
-    return ttrl_summary(result.rows, len(items), time.perf_counter() - started), result
+    row = ttrl_summary(result.rows, len(items), time.perf_counter() - started)
+    return {**row, "policy": ttrl_name(mode)}, result
+
+
+def ttrl_name(mode: str) -> str:
+    return "ttrl" if mode == "supervised" else f"ttrl-{mode}"
 
 
 def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> dict[str, Any]:
-    """The TTRL pass as one table row: accuracy over all its rollouts (each batch judged
-    before its update), per rollout tool calls and Executor tokens."""
+    """The TTRL pass as one table row: accuracy of its answers (the majority of each
+    question's n final answers, judged before the batch's update), the mean over single
+    rollouts, per rollout tool calls and Executor tokens."""
 
     def weighted(key: str) -> float | None:
         pairs = [(r[key], r["rollouts"]) for r in rows if r.get(key) is not None]
@@ -398,7 +418,8 @@ def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> 
     return {
         "policy": "ttrl",
         "questions": questions,
-        "accuracy": weighted("accuracy"),
+        "accuracy": _vote_accuracy(rows),
+        "accuracy_rollouts": weighted("accuracy"),
         "tool_calls_per_question": weighted("tool_calls_per_rollout"),
         "turns_per_question": weighted("turns_per_rollout"),
         "tokens_per_question": weighted("executor_tokens_per_rollout"),
@@ -409,6 +430,42 @@ def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> 
         "batches": len(rows),
         "accuracy_per_batch": [r.get("accuracy") for r in rows],
     }
+
+
+def _vote_accuracy(rows: list[dict[str, Any]]) -> float | None:
+    votes = [q["vote_correct"] for r in rows for q in r.get("per_question") or []]
+    votes = [v for v in votes if v is not None]
+    return sum(votes) / len(votes) if votes else None
+
+
+def outcomes_of(result: Any, ttrl_results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """policy -> {question id -> correct}: the eval policies' rows and TTRL's majority answers
+    (a question TTRL could not answer counts as wrong)."""
+    out = {
+        r.policy: {row["id"]: float(bool(row["correct"])) for row in r.rows}
+        for r in result.policies
+    }
+    for name, res in ttrl_results.items():
+        votes = {
+            q["data_id"]: float(q["vote_correct"] or 0.0)
+            for r in res.rows
+            for q in r.get("per_question") or []
+        }
+        ids = next(iter(out.values())).keys() if out else votes.keys()
+        out[name] = {i: votes.get(i, 0.0) for i in ids}
+    return out
+
+
+def question_groups(world: Path) -> dict[str, str]:
+    """id -> the group a question is reported in: its type, or ``held_out`` for the held-out
+    convention wordings (the kinds no training data contained)."""
+    groups = {}
+    for line in (world / "test.jsonl").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            info = r.get("extra_info") or {}
+            groups[r["id"]] = "held_out" if info.get("held_out") else info.get("question_type", "?")
+    return groups
 
 
 def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
@@ -493,13 +550,17 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         ttrl = False
 
     memory_dbs: dict[str, Path] = {}
-    if any(spec(p).needs_memory for p in cfg.policies):
+    if any(spec(p).needs_memory and p != "rag" for p in cfg.policies):
         memory_dbs["llm"] = out / "memory.sqlite"
-    if ttrl:  # a fresh store: the policies' memories of these very questions stay out of it
-        memory_dbs["ttrl"] = out / "ttrl" / "memory-service.sqlite"
+    if "rag" in cfg.policies:  # raw traces: its own identity-mode store
+        memory_dbs["identity"] = out / "memory-rag.sqlite"
+    for mode in cfg.ttrl.modes if ttrl else []:
+        # A fresh store per pass: the policies' memories of these very questions stay out.
+        memory_dbs[ttrl_name(mode)] = out / ttrl_name(mode) / "memory-service.sqlite"
 
     _say(f"[4/{stages}] services on loopback (local_search, serve, memory_serve)")
-    ttrl_row, ttrl_result = None, None
+    ttrl_rows: list[dict[str, Any]] = []
+    ttrl_results: dict[str, Any] = {}
     with ServiceGroup(work, log_fn=_say) as group:
         urls = start_stack(
             group,
@@ -518,24 +579,44 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         _say(f"[5/{stages}] evaluating {len(items)} {cfg.modality} test questions per policy")
         result = run_eval(
             eval_cfg,
-            Endpoints(serve=urls.serve, memory=urls.memory.get("llm")),
+            Endpoints(
+                serve=urls.serve,
+                memory=urls.memory.get("llm"),
+                memory_by_policy={"rag": urls.memory["identity"]}
+                if "identity" in urls.memory
+                else {},
+            ),
             out,
             progress=not args.no_progress,
             log_fn=_say,
             items=items,
         )
-        if ttrl:
+        for mode in cfg.ttrl.modes if ttrl else []:
             _say(
-                f"[6/{stages}] TTRL pass ({cfg.ttrl.mode}): batches of {cfg.ttrl.batch_size} "
+                f"[6/{stages}] TTRL pass ({mode}): batches of {cfg.ttrl.batch_size} "
                 f"questions x {cfg.ttrl.n} plans, fresh memory, Planner updated after each batch"
             )
-            ttrl_row, ttrl_result = run_ttrl_stage(
-                cfg, world, items, urls.serve, urls.memory["ttrl"], planner["model_path"], out
+            row, res = run_ttrl_stage(
+                cfg,
+                world,
+                items,
+                urls.serve,
+                urls.memory[ttrl_name(mode)],
+                planner["model_path"],
+                out,
+                mode,
             )
+            ttrl_rows.append(row)
+            ttrl_results[row["policy"]] = res
         _say("stopping services")
     executor = role_llm_dict(str(llm_yaml), "executor")
     raw_embedded = executor["backend"] == "local" and executor["model_path"] == "embedded"
-    summaries = [r.summary for r in result.policies] + ([ttrl_row] if ttrl_row else [])
+    summaries = [r.summary for r in result.policies] + ttrl_rows
+    rows = comparison(
+        outcomes_of(result, ttrl_results),
+        baseline="none" if "none" in cfg.policies else cfg.policies[0],
+        groups=question_groups(world),
+    )
     elapsed = time.perf_counter() - start
     record = {
         "world": {"seed": cfg.world.seed, "size": cfg.world.size},
@@ -543,39 +624,51 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         "roles": {role: role_llm_dict(str(llm_yaml), role).get("model_path") for role in needed},
         "warm_start": {role: str(folder) for role, folder in warm.items()},
         "summaries": summaries,
+        "comparison": rows,
         "wall_s": round(elapsed, 1),
     }
     atomic_write_text(out / "demo.json", json.dumps(record, indent=2, default=str) + "\n")
-    _report(result, summaries, ttrl_result, elapsed, raw_embedded)
+    _report(result, summaries, rows, ttrl_results, elapsed, raw_embedded)
 
 
 def _report(
     result: Any,
     summaries: list[dict[str, Any]],
-    ttrl_result: Any,
+    rows: list[dict[str, Any]],
+    ttrl_results: dict[str, Any],
     elapsed: float,
     raw_embedded_executor: bool,
 ) -> None:
-    from mia.eval.report import format_table
+    from mia.eval.stats import format_comparison
 
+    extra = {
+        s["policy"]: {
+            "tools": s.get("tool_calls_per_question"),
+            "tokens": s.get("tokens_per_question"),
+            "seconds": (s.get("wall_s") or 0) / max(1, s.get("questions") or 1),
+        }
+        for s in summaries
+    }
     print()
-    print(format_table(summaries))
-    if ttrl_result is not None:
+    print("Accuracy (exact match) with 95% bootstrap intervals; 'vs none' is the paired")
+    print("difference in points over the same questions (an interval above 0 is beyond noise):")
+    print(format_comparison(rows, extra))
+    for name, res in ttrl_results.items():
         from ttrl import format_curve
 
         print()
-        print("TTRL accuracy per batch (each batch judged before the Planner learns from it):")
-        print(format_curve(ttrl_result.rows))
+        print(f"{name} accuracy per batch (each batch judged before the Planner learns from it):")
+        print(format_curve(res.rows))
     print()
     for r in result.policies:
         print(f"{r.policy:>9}: {r.run_dir / 'results.jsonl'}")
-    if ttrl_result is not None:
-        print(f"     ttrl: {ttrl_result.accuracy_path}")
+    for name, res in ttrl_results.items():
+        print(f"{name:>9}: {res.accuracy_path}")
+        if res.curve_path is not None:
+            print(f"{'curve':>9}: {res.curve_path}")
     print(f"  summary: {result.summary_path}")
     if result.plot_path is not None:
         print(f"     plot: {result.plot_path}")
-    if ttrl_result is not None and ttrl_result.curve_path is not None:
-        print(f"    curve: {ttrl_result.curve_path}")
     print(f"     logs: {result.out_dir / 'services' / 'logs'}")
     print(f"done in {elapsed:.0f}s")
     calls = [s.get("tool_calls_per_question") or 0 for s in summaries]

@@ -59,6 +59,14 @@ Message = dict[str, Any]
 Program = Generator[str, str, None]  # yields assistant turns, receives observation texts
 
 SPLITS = ("train", "test", "all")
+# How much the Executor's <think> says (docs/gold.md, "Styles"):
+#   full    -- a sentence of intent per search, and every conclusion quotes its sentence;
+#   concise -- one short sentence per search turn; the answer-bearing sentence is still quoted
+#              (comparisons state each value instead of quoting);
+#   terse   -- one short sentence per turn and no quotes.
+STYLES = ("full", "concise", "terse")
+# with_plan="alternate": about half the questions get the gold plan in the Executor's prompt.
+PLAN_MODES = (True, False, "alternate")
 
 # Words appended to an entity's name in a search query, per relation (words the passages use,
 # so BM25 rewards the right sentence, not only the name).
@@ -360,7 +368,12 @@ class GoldWriter:
     """Writes the gold programs, plans and planner chats of one world's questions. ``retriever``
     is the index the ``search`` tool serves (probed to choose queries); ``topk`` its depth."""
 
-    def __init__(self, world: World, retriever: Retriever, topk: int = 3) -> None:
+    def __init__(
+        self, world: World, retriever: Retriever, topk: int = 3, style: str = "full"
+    ) -> None:
+        if style not in STYLES:
+            raise MiaError(f"gold: style must be one of {STYLES}, got {style!r}")
+        self.style = style
         self.world = world
         self.e = world.entities
         self.facts = Facts(world.entities, world.passages)
@@ -416,19 +429,29 @@ class GoldWriter:
         rel = q.relation.split(".", 1)[1]
         fact = fact_phrase(ent, rel)
         query = self.first_query(q)
-        opener = _pick(
-            q.id + ":open",
-            [
-                f"The question asks for {fact}. I will search for {ent.name}.",
-                f"I need {fact}. Searching for {ent.name} should find its passage.",
-                f"To answer, I need {fact}. Let me search for it.",
-            ],
-        )
+        if self.style == "full":
+            opener = _pick(
+                q.id + ":open",
+                [
+                    f"The question asks for {fact}. I will search for {ent.name}.",
+                    f"I need {fact}. Searching for {ent.name} should find its passage.",
+                    f"To answer, I need {fact}. Let me search for it.",
+                ],
+            )
+        else:
+            opener = f"I need {fact}."
         obs = yield search_turn(opener, [query])
         quote = self._read(obs, ent, q.answers, fact)
-        yield answer_turn(
-            f'The passage on {ent.name} says: "{quote}" So {fact} is {q.answer}.', q.answer
-        )
+        yield answer_turn(self._conclude(ent.name, quote, f"{fact} is {q.answer}."), q.answer)
+
+    def _conclude(self, title: str, quote: str, conclusion: str) -> str:
+        """The reasoning that reads a fact: the quoted sentence (full, concise) and the
+        conclusion drawn from it."""
+        if self.style == "full":
+            return f'The passage on {title} says: "{quote}" So {conclusion}'
+        if self.style == "concise":
+            return f'"{quote}" So {conclusion}'
+        return _cap(conclusion)
 
     def bridge_parts(self, q: Question) -> tuple[Entity, str, Entity, str, str]:
         """``(subject, first relation, bridge entity, second relation, mention)`` where the
@@ -444,24 +467,25 @@ class GoldWriter:
         subj, rel1, mid, rel2, mention = self.bridge_parts(q)
         goal = fact_phrase(mid, rel2, x=mention)
         query1 = self.first_query(q)
-        obs = yield search_turn(
+        first = (
             f"The question asks for {goal}. First I need the name of {mention}, "
-            f"so I will search for {subj.name}.",
-            [query1],
+            f"so I will search for {subj.name}."
+            if self.style == "full"
+            else f"First I need the name of {mention}."
         )
+        obs = yield search_turn(first, [query1])
         quote1 = self._read(obs, subj, [mid.name], f"the name of {mention}")
         fact2 = fact_phrase(mid, rel2)
         query2 = self.choose_query(self.variants(mid, rel2), q.supporting_ids[1], q.answers)
         obs = yield search_turn(
-            f'The passage on {subj.name} says: "{quote1}" So {mention} is {mid.name}. '
-            f"Now I need {fact2}.",
+            self._conclude(subj.name, quote1, f"{mention} is {mid.name}.")
+            + f" Now I need {fact2}.",
             [query2],
         )
         quote2 = self._read(obs, mid, q.answers, fact2)
+        tail = ", and that answers the question." if self.style == "full" else "."
         yield answer_turn(
-            f'The passage on {mid.name} says: "{quote2}" So {fact2} is {q.answer}, '
-            f"and that answers the question.",
-            q.answer,
+            self._conclude(mid.name, quote2, f"{fact2} is {q.answer}{tail}"), q.answer
         )
 
     def _comparison(self, q: Question) -> Program:
@@ -473,16 +497,22 @@ class GoldWriter:
         for ent, pid in zip((a, b), q.supporting_ids, strict=True):
             variants = [f"{ent.name} {w}" for w in COMPARE_QUERY_WORDS[kind]] + [ent.name]
             queries.append(self.choose_query(variants, pid, [values[ent.id]]))
+        opener = f"I need the {noun} of {a.name} and of {b.name}"
         obs = yield search_turn(
-            f"I need the {noun} of {a.name} and of {b.name} to compare them. "
-            "I will search for both at once.",
+            opener + " to compare them. I will search for both at once."
+            if self.style == "full"
+            else opener + ".",
             queries,
         )
         lines = []
         for ent in (a, b):
             quote = self._read(obs, ent, [values[ent.id]], f"its {noun}")
             value = value_line.format(n=ent.name, v=values[ent.id])
-            lines.append(f'The passage on {ent.name} says: "{quote}" So {value}')
+            lines.append(
+                f'The passage on {ent.name} says: "{quote}" So {value}'
+                if self.style == "full"
+                else value
+            )
         winner = a if q.answer == a.name else b
         loser = b if winner is a else a
         relation, verb, _ = COMPARE_VERDICT[kind]
@@ -499,6 +529,8 @@ class GoldWriter:
         obs = yield image_search_turn(
             f"The question is about the {noun} whose {picture} is shown. I do not know whose "
             f"{picture} it is, so I will search for similar images first."
+            if self.style == "full"
+            else f"I need to know whose {picture} this is."
         )
         title = top_image_title(obs)
         if title is None:
@@ -509,13 +541,13 @@ class GoldWriter:
         query = self.choose_query(self.variants(ent, rel), q.supporting_ids[0], q.answers)
         obs = yield search_turn(
             f'The top result is titled "{title}", so the image shows the {picture} of {title}. '
-            f"Now I need {fact}.",
+            f"Now I need {fact}."
+            if self.style == "full"
+            else f"The image shows the {picture} of {title}. Now I need {fact}.",
             [query],
         )
         quote = self._read(obs, ent, q.answers, fact)
-        yield answer_turn(
-            f'The passage on {title} says: "{quote}" So {fact} is {q.answer}.', q.answer
-        )
+        yield answer_turn(self._conclude(title, quote, f"{fact} is {q.answer}."), q.answer)
 
     # -- the Planner side -----------------------------------------------------------------------
     def plan(self, q: Question) -> str:
@@ -678,24 +710,34 @@ def generate_gold(
     image_cache_root: str | os.PathLike[str] | None = None,
     *,
     agent_config: AgentConfig | None = None,
-    with_plan: bool = True,
+    with_plan: bool | str = True,
     limit: int | None = None,
     progress: bool | Callable[[int, int], None] = False,
+    style: str = "full",
+    questions: Sequence[Question] | None = None,
 ) -> GoldReport:
     """Gold examples for ``split`` (``train``/``test``/``all``) plus the skipped questions.
+    ``questions``: these questions of the world instead of a split (e.g. other readings of a
+    question, :mod:`mia.apps.planner_gold`).
 
     ``index``: an index folder or an opened :class:`local_search.Retriever` of THIS world's
     corpus (checked by sha256). ``image_cache_root``: the world's ``image_cache`` folder; when
     None the cache is written to a temporary folder from ``world``. ``agent_config``: the loop
     and tool settings (observation format, truncation, top-k); defaults to
     ``configs/agent/default.yaml``'s values. ``with_plan``: the Executor's user prompt carries the
-    gold plan (as when a Planner is in the loop); else it gets the question alone.
+    gold plan (as when a Planner is in the loop); else it gets the question alone; ``"alternate"``:
+    about half the questions get the plan (chosen from the question id, see :func:`gets_plan`).
+    ``style``: how much the Executor's reasoning says (:data:`STYLES`).
     """
     from local_search import open_index
 
     if limit is not None and limit < 0:
         raise MiaError(f"gold: limit must be >= 0, got {limit}")
-    questions = _questions(world, split, limit)
+    if with_plan not in PLAN_MODES:
+        raise MiaError(f"gold: with_plan must be True, False or 'alternate', got {with_plan!r}")
+    if style not in STYLES:
+        raise MiaError(f"gold: style must be one of {STYLES}, got {style!r}")
+    questions = list(questions) if questions is not None else _questions(world, split, limit)
     with ExitStack() as stack:
         if isinstance(index, str | os.PathLike):
             retriever = open_index(index)
@@ -718,8 +760,18 @@ def generate_gold(
         elif cache_root is not None and not cache_root.is_dir():
             raise MiaError(f"gold: image cache folder not found: {cache_root}")
         return asyncio.run(
-            _replay_all(world, retriever, questions, cache_root, agent_config, with_plan, progress)
+            _replay_all(
+                world, retriever, questions, cache_root, agent_config, with_plan, progress, style
+            )
         )
+
+
+def gets_plan(question_id: str, with_plan: bool | str) -> bool:
+    """Whether a question's Executor prompt carries the gold plan. ``"alternate"``: a stable
+    function of the id (crc32 parity), so about half of each type get one."""
+    if with_plan == "alternate":
+        return zlib.crc32(question_id.encode("utf-8")) % 2 == 0
+    return bool(with_plan)
 
 
 def build_gold(
@@ -739,8 +791,9 @@ async def _replay_all(
     questions: list[Question],
     cache_root: Path | None,
     agent_config: AgentConfig | None,
-    with_plan: bool,
+    with_plan: bool | str,
     progress: bool | Callable[[int, int], None],
+    style: str = "full",
 ) -> GoldReport:
     from local_search import ServeConfig
     from local_search.server import create_search_app
@@ -751,14 +804,16 @@ async def _replay_all(
     topk = int(cfg.tools.get("search", {}).get("params", {}).get("topk", 3))
     serve = ServeConfig(default_topk=topk, max_topk=max(100, topk))
     report = GoldReport()
-    writer = GoldWriter(world, retriever, topk)
+    writer = GoldWriter(world, retriever, topk, style)
     with ServerThread(create_search_app(retriever, serve)) as url:
         cfg = replace(cfg, tools=_tools_config(cfg, url, cache_root))
         tools = build_tools(cfg.tools)
         try:
             for done, q in enumerate(_progress(questions, progress), 1):
                 try:
-                    report.examples.append(await _replay_one(writer, q, tools, cfg, with_plan))
+                    report.examples.append(
+                        await _replay_one(writer, q, tools, cfg, gets_plan(q.id, with_plan))
+                    )
                 except GoldSkip as why:
                     report.skipped.append(Skipped(q.id, q.type, q.relation, str(why)))
                 if callable(progress):
@@ -868,6 +923,8 @@ __all__ = [
     "empty_memory_context",
     "evidence",
     "generate_gold",
+    "gets_plan",
+    "STYLES",
     "iter_gold",
     "load_gold",
     "passage_text",

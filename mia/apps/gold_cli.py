@@ -1,8 +1,8 @@
 """``mia gold``: gold Executor trajectories and Planner plans for a world (SFT cold start).
 
     mia gold --world DIR --index DIR --out FILE [--split train|test|all] [--limit N]
-             [--image-cache DIR] [--agent-config FILE] [--set KEY=VALUE ...] [--no-plan]
-             [--skipped FILE] [--quiet]
+             [--image-cache DIR] [--agent-config FILE] [--set KEY=VALUE ...]
+             [--no-plan | --alternate-plan] [--style full|concise|terse] [--skipped FILE] [--quiet]
 
 The world is regenerated from ``DIR/world.json`` (seed + config) and checked against the
 folder's ``corpus.jsonl`` hash; the index must be built from that corpus.
@@ -43,8 +43,14 @@ def _parser() -> argparse.ArgumentParser:
                    "defaults = configs/agent/default.yaml")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one agent-config key (dot path, repeatable)")  # fmt: skip
-    p.add_argument("--no-plan", action="store_true",
-                   help="Executor prompts without the gold plan (question only)")  # fmt: skip
+    plan = p.add_mutually_exclusive_group()
+    plan.add_argument("--no-plan", action="store_true",
+                      help="Executor prompts without the gold plan (question only)")  # fmt: skip
+    plan.add_argument("--alternate-plan", action="store_true",
+                      help="about half the questions (by id) with the gold plan, the rest "
+                      "without")  # fmt: skip
+    p.add_argument("--style", default="full", choices=["full", "concise", "terse"],
+                   help="how much the Executor's <think> says (docs/gold.md)")  # fmt: skip
     p.add_argument("--skipped", type=Path,
                    help="also write the skipped questions with reasons (JSONL)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -107,9 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         args.split,
         cache,
         agent_config=cfg,
-        with_plan=not args.no_plan,
+        with_plan="alternate" if args.alternate_plan else not args.no_plan,
         limit=args.limit,
         progress=not args.quiet,
+        style=args.style,
     )
     write_gold(args.out, report.examples)
     if args.skipped is not None:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,19 +139,23 @@ def gold_world_file(
 ) -> Path:
     """The gold transcripts of a synthetic world as a JSONL file, built once and cached.
 
-    ``$MIA_HOME/data/gold/w<seed>-<size>-<split>-<key>.jsonl``. Each row is a
+    ``$MIA_HOME/data/gold/w<seed>[+<seed>...]-<size>-<split>-<key>.jsonl``. Each row is a
     :class:`mia.apps.gold.GoldExample` plus ``variant`` (``plan`` / ``no_plan``); with
-    ``plan: both`` a question has one row of each (same ``id``).
+    ``plan: both`` a question has one row of each (same ``id``). Several seeds: the worlds'
+    rows one after the other (ids ``w<seed>_...`` stay distinct).
     """
     from mia.rl.policy import config_from_dict
     from mia.rl.sft import GoldWorldConfig
 
+    if is_dataclass(g) and not isinstance(g, GoldWorldConfig):
+        g = asdict(g)  # e.g. the class of ``python -m mia.rl.sft`` (``__main__``), not this one
     cfg = g if isinstance(g, GoldWorldConfig) else config_from_dict(GoldWorldConfig, dict(g))
     cfg.validate()
     emit = say or (lambda _line: None)
     root = (Path(home) if home is not None else mia_home()) / "data" / "gold"
     key = _sha({"gold": asdict(cfg), "data": data_fingerprint()})[:12]
-    path = root / f"w{cfg.seed}-{cfg.size}-{cfg.split}-{key}.jsonl"
+    seeds = "+".join(str(s) for s in cfg.seeds)
+    path = root / f"w{seeds}-{cfg.size}-{cfg.split}-{key}.jsonl"
     if path.is_file():
         return path
     with file_lock(root / ".gold.lock"):
@@ -165,25 +169,36 @@ def gold_world_file(
 
 
 def _build_gold(cfg: GoldWorldConfig, root: Path, emit: Log) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for seed in cfg.seeds:
+        rows += _build_world_gold(cfg, seed, root, emit)
+    return rows
+
+
+def _build_world_gold(
+    cfg: GoldWorldConfig, seed: int, root: Path, emit: Log
+) -> list[dict[str, Any]]:
     from local_search import build_index, open_index
     from mia.agent import AgentConfig
-    from mia.apps.gold import generate_gold
+    from mia.apps.gold import generate_gold, gets_plan
     from mia.data.world import World
 
     t0 = time.monotonic()
-    world = World.generate(cfg.seed, cfg.size)
+    world = World.generate(seed, cfg.size)
     # Only the asked types (image questions need a vision model): the corpus stays whole.
     view = copy.copy(world)
     view.questions = [q for q in world.questions if q.type in cfg.types]
     emit(
-        f"gold: world seed {cfg.seed} ({cfg.size}): {len(world.passages)} passages, "
+        f"gold: world seed {seed} ({cfg.size}): {len(world.passages)} passages, "
         f"{len(view.split(cfg.split)) if cfg.split != 'all' else len(view.questions)} "
         f"{cfg.split} questions of types {', '.join(cfg.types)} ({time.monotonic() - t0:.1f} s)"
     )
     root.mkdir(parents=True, exist_ok=True)
     agent = AgentConfig()
     agent.tools["search"]["params"]["topk"] = cfg.topk
-    variants = {"with": [True], "without": [False], "both": [True, False]}[cfg.plan]
+    variants: list[bool | str] = {
+        "with": [True], "without": [False], "both": [True, False], "alternate": ["alternate"]
+    }[cfg.plan]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix=".gold-build-", dir=root) as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         # The format World.write uses; generate_gold checks the index against the corpus hash.
@@ -201,7 +216,12 @@ def _build_gold(cfg: GoldWorldConfig, root: Path, emit: Log) -> list[dict[str, A
         rows: list[dict[str, Any]] = []
         with contextlib.closing(open_index(Path(tmp) / "index")) as retriever:
             for with_plan in variants:
-                emit(f"gold: replaying transcripts {'with' if with_plan else 'without'} plans")
+                label = (
+                    "with and without"
+                    if with_plan == "alternate"
+                    else ("with" if with_plan else "without")
+                )
+                emit(f"gold: replaying transcripts {label} plans ({cfg.style} style)")
                 report = generate_gold(
                     view,
                     retriever,
@@ -210,10 +230,21 @@ def _build_gold(cfg: GoldWorldConfig, root: Path, emit: Log) -> list[dict[str, A
                     with_plan=with_plan,
                     limit=cfg.limit,
                     progress=True,
+                    style=cfg.style,
                 )
                 emit(f"gold: {report.summary()}")
                 for ex in report.examples:
-                    rows.append({**ex.to_dict(), "variant": "plan" if with_plan else "no_plan"})
+                    plan = gets_plan(ex.id, with_plan)
+                    rows.append({**ex.to_dict(), "variant": "plan" if plan else "no_plan"})
+            if cfg.planner_memory:
+                from mia.apps.planner_gold import planner_memory_examples
+
+                emit("gold: plan chats with retrieved memories")
+                memory_rows = planner_memory_examples(
+                    world, retriever, split=cfg.split, style=cfg.style, agent_config=agent
+                )
+                emit(f"gold: {len(memory_rows)} plan chats with memories")
+                rows += [{**r, "variant": "memory"} for r in memory_rows]
     return rows
 
 

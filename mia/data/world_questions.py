@@ -130,23 +130,60 @@ class Convention:
     wording: str  # with {x}
     relation: str
     held_out: bool
+    readings: tuple[str, ...] = ()  # every relation the wording could mean (the convention's too)
 
 
 CONVENTIONS: tuple[Convention, ...] = (
     # seen in training (both splits)
-    Convention("person.from", "person", "Where is {x} from?", "birth_city", False),
-    Convention("person.when", "person", "When was {x} born?", "birth_year", False),
-    Convention("org.where", "org", "Where is {x}?", "hq", False),
-    Convention("city.where", "city", "Where is {x}?", "region", False),
-    Convention("work.behind", "work", "Who is behind {x}?", "creator", False),
-    Convention("country.speak", "country", "What do people speak in {x}?", "language", False),
+    Convention(
+        "person.from",
+        "person",
+        "Where is {x} from?",
+        "birth_city",
+        False,
+        ("birth_city", "birth_country"),
+    ),
+    Convention(
+        "person.when",
+        "person",
+        "When was {x} born?",
+        "birth_year",
+        False,
+        ("birth_year", "birth_date"),
+    ),
+    Convention("org.where", "org", "Where is {x}?", "hq", False, ("hq", "hq_country")),
+    Convention("city.where", "city", "Where is {x}?", "region", False, ("region", "country")),
+    Convention(
+        "work.behind", "work", "Who is behind {x}?", "creator", False, ("creator", "producer")
+    ),
+    Convention(
+        "country.speak", "country", "What do people speak in {x}?", "language", False, ("language",)
+    ),
     # held out: test splits only; the obvious reading is often not the convention
-    Convention("person.origin", "person", "Where does {x} come from?", "birth_country", True),
-    Convention("person.arrival", "person", "When did {x} come into the world?", "birth_date", True),
-    Convention("org.base", "org", "Where is {x} based?", "hq_country", True),
-    Convention("city.lie", "city", "Where does {x} lie?", "country", True),
-    Convention("work.put_out", "work", "Who put out {x}?", "producer", True),
-    Convention("city.age", "city", "How old is {x}?", "founded", True),
+    Convention(
+        "person.origin",
+        "person",
+        "Where does {x} come from?",
+        "birth_country",
+        True,
+        ("birth_city", "birth_country"),
+    ),
+    Convention(
+        "person.arrival",
+        "person",
+        "When did {x} come into the world?",
+        "birth_date",
+        True,
+        ("birth_year", "birth_date"),
+    ),
+    Convention("org.base", "org", "Where is {x} based?", "hq_country", True, ("hq", "hq_country")),
+    Convention(
+        "city.lie", "city", "Where does {x} lie?", "country", True, ("region", "country", "river")
+    ),
+    Convention(
+        "work.put_out", "work", "Who put out {x}?", "producer", True, ("creator", "producer")
+    ),
+    Convention("city.age", "city", "How old is {x}?", "founded", True, ("founded",)),
 )
 HELD_OUT_TEMPLATES = frozenset(c.id for c in CONVENTIONS if c.held_out)
 

@@ -167,7 +167,7 @@ def _with_services(cfg: Any, args: argparse.Namespace, items: list[Any], out: Pa
     for policy in cfg.policies:
         p = spec(policy)
         if p.needs_memory:
-            modes[policy] = p.compress_mode or "llm"
+            modes[policy] = "identity" if p.compress_modes == ("identity",) else "llm"
     with ServiceGroup(work, s.startup_timeout_s, log_fn=_say) as group:
         llm_config = write_llm_config(s.llm_config, work / "llm.yaml", model_path=args.model)
         _say("mia eval: starting services")

@@ -317,9 +317,9 @@ async def _preflight(serve: ExecutorClient, memory: MemoryClient | None, p: Poli
     await memory.check_health()
     stats = await memory.get("/stats")
     mode = stats.get("compress_mode") if isinstance(stats, dict) else None
-    if p.compress_mode is not None and mode != p.compress_mode:
+    if p.compress_modes is not None and mode not in p.compress_modes:
         raise MiaError(
-            f"policy {p.name} needs memory_serve with compress.mode={p.compress_mode}, but "
+            f"policy {p.name} needs memory_serve with compress.mode={'|'.join(p.compress_modes)}, but "
             f"{memory.url} runs compress.mode={mode}"
         )
     routes = await memory.routes()

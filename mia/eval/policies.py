@@ -45,7 +45,7 @@ class PolicySpec:
     planner: bool  # /plan, /judge_replan, /replan
     retrieve: bool  # memories are retrieved for each question
     writes: bool  # finished trajectories are written to memory
-    compress_mode: str | None  # memory_serve compress.mode this policy needs (None: any)
+    compress_modes: tuple[str, ...] | None  # memory_serve compress.mode(s) it needs (None: any)
     summary: str
 
     @property
@@ -58,9 +58,11 @@ SPECS: dict[str, PolicySpec] = {
     "plan_only": PolicySpec(
         "plan_only", True, False, False, None, "planner without memories, nothing stored"
     ),
-    "mia": PolicySpec("mia", True, True, True, "llm", "planner + compressed workflow memory"),
+    "mia": PolicySpec(
+        "mia", True, True, True, ("llm", "rules"), "planner + compressed workflow memory"
+    ),
     "rag": PolicySpec(
-        "rag", False, True, True, "identity", "retrieved raw traces as the guide, no planner"
+        "rag", False, True, True, ("identity",), "retrieved raw traces as the guide, no planner"
     ),
 }
 

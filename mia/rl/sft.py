@@ -59,12 +59,18 @@ Log = Callable[[str], None]
 
 @dataclass
 class GoldWorldConfig:
-    """Gold transcripts of a synthetic world (:mod:`mia.apps.gold`), used when ``data.train``
-    is unset. ``plan``: the Executor prompt with the gold plan (``with``), without (``without``)
-    or one conversation of each (``both``, so the model serves with and without a Planner)."""
+    """Gold transcripts of synthetic worlds (:mod:`mia.apps.gold`), used when ``data.train``
+    is unset. ``seed``: one world or a list of worlds (each world's ``split``, ``limit`` questions
+    each). ``plan``: the Executor prompt with the gold plan (``with``), without (``without``),
+    one conversation of each (``both``, so the model serves with and without a Planner) or one
+    of the two per question, about half each (``alternate``). ``style``: how much the
+    Executor's reasoning says (``full`` | ``concise`` | ``terse``, docs/gold.md)."""
 
-    seed: int = field(
-        default=0, metadata={"help": "world seed (the warm start uses 0; the demo evaluates on 1)"}
+    seed: int | list[int] = field(
+        default=0,
+        metadata={
+            "help": "world seed, or a list of worlds (each world's split, limit questions each); the warm start uses 0, the demo evaluates on 1"
+        },
     )
     size: str = field(default="default", metadata={"help": "world size: small | default | large"})
     split: str = field(default="train", metadata={"help": "train | test | all"})
@@ -79,16 +85,45 @@ class GoldWorldConfig:
     plan: str = field(
         default="both",
         metadata={
-            "help": "with | without | both (the Executor prompt with and without the gold plan)"
+            "help": "with | without | both | alternate (the Executor prompt with and without the gold plan)"
         },
     )
     topk: int = field(
         default=3, metadata={"help": "search results per query (the agent config's default)"}
     )
+    style: str = field(
+        default="full",
+        metadata={
+            "help": "how much the Executor's reasoning says: full | concise | terse (docs/gold.md)"
+        },
+    )
+    # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
+    # data that teaches the Planner to derive its plan from memory.
+    planner_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold)"
+        },
+    )
+
+    @property
+    def seeds(self) -> list[int]:
+        return [int(s) for s in self.seed] if isinstance(self.seed, list | tuple) else [self.seed]
 
     def validate(self) -> GoldWorldConfig:
-        if self.plan not in ("with", "without", "both"):
-            raise MiaError(f"data.gold_world.plan must be with | without | both, got {self.plan!r}")
+        if self.plan not in ("with", "without", "both", "alternate"):
+            raise MiaError(
+                f"data.gold_world.plan must be with | without | both | alternate, got {self.plan!r}"
+            )
+        if self.style not in ("full", "concise", "terse"):
+            raise MiaError(
+                f"data.gold_world.style must be full | concise | terse, got {self.style!r}"
+            )
+        seeds = self.seeds
+        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+            raise MiaError(
+                f"data.gold_world.seed must be >= 0 (distinct in a list), got {self.seed}"
+            )
         if self.split not in ("train", "test", "all"):
             raise MiaError(f"data.gold_world.split must be train | test | all, got {self.split!r}")
         if self.limit is not None and self.limit < 1:

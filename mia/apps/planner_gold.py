@@ -1,0 +1,231 @@
+"""Gold Planner conversations WITH memories: the data that makes using memory a skill.
+
+The plain gold plan chats (:mod:`mia.apps.gold`) show the Planner an empty memory. Here each
+train question also gets a plan prompt whose memory block holds what memory_serve would return
+after a few similar questions: positive workflows (similar questions answered correctly) and
+negative ones (answered wrongly), as ``compress.mode=rules`` writes them
+(:func:`mia.trace.rule_summary` of real replayed transcripts) and laid out exactly as
+memory_serve lays them out (:func:`mia.planner.prompts.memory_context`). The target is the gold
+plan that follows the positives and avoids what the negatives did.
+
+What makes it a skill rather than knowledge: for a **convention** question ("Where is X from?",
+docs/world.md) the reading the target follows is drawn at random among the wording's readings
+(the city or the country of birth), and the memories are consistent with that draw: the
+positives concluded with the drawn fact, the negatives with another. The wording alone
+therefore says nothing about the answer; only the memories do. The same Planner then meets
+held-out wordings at test time, whose conventions it can only learn from the memories that
+accumulate over the test stream.
+
+Other question types get positives of the same kind (same relation, same bridge chain, same
+comparison), single-hop questions also a negative that read another fact of the entity, and now
+and then an unrelated memory, as retrieval returns them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mia.apps.gold import GoldExample, GoldWriter, fact_phrase, generate_gold
+from mia.data.world import World
+from mia.data.world_questions import CONVENTIONS, Facts, Question
+from mia.planner.prompts import memory_context, plan_messages
+from mia.trace import rule_summary
+
+TYPES = ("single_hop", "bridge", "comparison", "convention")
+READINGS = {c.id: c.readings for c in CONVENTIONS}
+
+
+@dataclass
+class Memory:
+    """One retrieved memory, as the Planner sees it (:class:`mia.planner.prompts.MemoryView`)."""
+
+    question: str
+    workflow_summary: str
+    judgement: str
+    modality: str = "text-only"
+    image_caption: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def kind_of(q: Question) -> str:
+    """What makes two questions "similar" for this data: the same wording (conventions), else
+    the same relation (chain)."""
+    return f"convention:{q.template}" if q.type == "convention" else f"{q.type}:{q.relation}"
+
+
+def reading(world: World, q: Question, relation: str) -> Question | None:
+    """``q`` asked for another fact of its entity (None when the entity lacks it)."""
+    ent = world.entities[q.entity_ids[0]]
+    try:
+        answer, aliases = Facts(world.entities, world.passages).answer(ent, relation)
+    except (KeyError, TypeError, AttributeError):
+        return None
+    if not answer:
+        return None
+    return replace(
+        q,
+        id=f"{q.id}~{relation}",
+        relation=f"{ent.kind}.{relation}",
+        answer=answer,
+        aliases=list(aliases),
+        held_out=False,
+    )
+
+
+def _history(ex: GoldExample) -> list[dict[str, Any]]:
+    first = next(i for i, m in enumerate(ex.messages) if m.get("role") == "user")
+    return ex.messages[first + 1 :]
+
+
+def _memory(ex: GoldExample, correct: bool) -> Memory:
+    return Memory(
+        question=ex.question,
+        workflow_summary=rule_summary(ex.question, _history(ex)),
+        judgement="correct" if correct else "incorrect",
+    )
+
+
+def planner_memory_examples(
+    world: World,
+    retriever: Any,
+    *,
+    split: str = "train",
+    style: str = "full",
+    seed: int = 0,
+    positives: int = 2,
+    distractor_rate: float = 0.3,
+    convention_draws: int = 3,
+    agent_config: Any = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """One planner conversation with memories per question of ``split`` (text types): rows
+    ``{id, type, relation, question, planner_messages}`` for SFT (``data.fields``). A convention
+    question gets ``convention_draws`` conversations (readings and memories drawn anew): it is
+    the case where only the memories tell the answer."""
+    rng = random.Random(f"planner-memory:{world.seed}:{seed}")
+    questions = [q for q in world.split(split) if q.type in TYPES]
+    # Every question under every reading it can have (conventions: all readings; single hop:
+    # its own fact and one other), replayed for real so each workflow is a true transcript.
+    asked: list[Question] = []
+    for q in questions:
+        if q.type == "convention":
+            rels = READINGS.get(q.template, ())
+        elif q.type == "single_hop":
+            ent = world.entities[q.entity_ids[0]]
+            others = [r for r in Facts(world.entities, world.passages).relations(ent)]
+            mine = q.relation.split(".", 1)[1]
+            others = [r for r in others if r != mine]
+            rels = (mine, rng.choice(others)) if others else (mine,)
+        else:
+            asked.append(q)
+            continue
+        for rel in rels:
+            alt = reading(world, q, rel)
+            if alt is not None:
+                asked.append(alt)
+    report = generate_gold(
+        world,
+        retriever,
+        questions=asked,
+        with_plan=False,
+        style=style,
+        agent_config=agent_config,
+        progress=progress,
+    )
+    done = {ex.id: ex for ex in report.examples}
+
+    def transcript(q: Question, rel: str | None) -> GoldExample | None:
+        if rel is None or q.type not in ("single_hop", "convention"):
+            return done.get(q.id)
+        return done.get(f"{q.id}~{rel}")
+
+    by_kind: dict[str, list[Question]] = {}
+    for q in questions:
+        by_kind.setdefault(kind_of(q), []).append(q)
+    writer = GoldWriter(world, retriever, style=style)
+    rows = []
+    draws = [
+        (q, k) for q in questions for k in range(convention_draws if q.type == "convention" else 1)
+    ]
+    for q, draw in draws:
+        peers = [p for p in by_kind[kind_of(q)] if p.id != q.id]
+        rng.shuffle(peers)
+        own = q.relation.split(".", 1)[1] if q.type in ("single_hop", "convention") else None
+        if q.type == "convention":
+            rels = [r for r in READINGS.get(q.template, ()) if transcript(q, r) is not None]
+            if not rels:
+                continue
+            want = rng.choice(rels)
+        else:
+            want = own
+        target = reading(world, q, want) if want and want != own else q
+        if target is None:
+            continue
+        pos = [m for p in peers if (m := transcript(p, want)) is not None][:positives]
+        used = {ex.id.split("~", 1)[0] for ex in pos}
+        neg: list[GoldExample] = []
+        # A similar question whose Executor read another fact; not one of the positives' own
+        # questions (memory_serve keeps one memory per question).
+        for p in [p for p in peers if p.id not in used] + [p for p in peers if p.id in used]:
+            if q.type == "convention":
+                others = [r for r in READINGS.get(p.template, ()) if r != want]
+            elif q.type == "single_hop":
+                others = [k.split("~", 1)[1] for k in done if k.startswith(f"{p.id}~")]
+                others = [r for r in others if r != want]
+            else:
+                others = []
+            found = [m for r in others if (m := transcript(p, r)) is not None]
+            if found:
+                neg.append(found[0])
+                break
+        if not pos and not neg:
+            continue
+        pos_mem = [_memory(ex, True) for ex in pos]
+        if rng.random() < distractor_rate:  # retrieval also returns unrelated memories
+            others = [ex for k, ex in done.items() if "~" not in k and ex.id != q.id]
+            if others:
+                pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(others), True))
+        neg_mem = [_memory(ex, False) for ex in neg]
+        plan = writer.plan(target)
+        rows.append(
+            {
+                "id": f"{q.id}#memory{draw}",
+                "type": q.type,
+                "relation": target.relation,
+                "question": q.question,
+                "planner_messages": [
+                    *plan_messages(memory_context(pos_mem, neg_mem), q.question, image=False),
+                    {"role": "assistant", "content": _reply(world, target, pos, neg, plan)},
+                ],
+            }
+        )
+    return rows
+
+
+def _fact(world: World, ex: GoldExample) -> str:
+    """The fact a single-hop transcript concluded with, as its Planner would describe it."""
+    base = ex.id.split("~", 1)[0]
+    q = next(q for q in world.questions if q.id == base)
+    return fact_phrase(world.entities[q.entity_ids[0]], ex.relation.split(".", 1)[1])
+
+
+def _reply(
+    world: World, target: Question, pos: list[GoldExample], neg: list[GoldExample], plan: str
+) -> str:
+    """The Planner's answer: a short reason naming what the memories did, then the plan."""
+    if target.type in ("single_hop", "convention"):
+        parts = []
+        if pos:
+            parts.append(
+                f"A similar question was answered correctly by finding {_fact(world, pos[0])}"
+            )
+        if neg:
+            parts.append(f"a failed one found {_fact(world, neg[0])}")
+        rel = target.relation.split(".", 1)[1]
+        parts.append(f"so I will look for {fact_phrase(world.entities[target.entity_ids[0]], rel)}")
+        why = "; ".join(parts)
+    else:
+        why = "A similar question was answered correctly; I will follow the same steps"
+    return f"<think>\n{why}.\n</think>\n\n{plan}"

@@ -1,0 +1,56 @@
+"""Plan chats with retrieved memories (mia.apps.planner_gold): the memories decide the target."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from mia.apps.planner_gold import planner_memory_examples
+from mia.data.world import World
+from mia.data.world_questions import HELD_OUT_TEMPLATES
+from mia.planner.prompts import EMPTY_MEMORY
+from mia.prompts import manager as M
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    from local_search import build_index, open_index
+
+    root = tmp_path_factory.mktemp("pg")
+    world = World.generate(0, "small")
+    world.write(root / "w")
+    build_index(root / "w" / "corpus.jsonl", root / "idx", "bm25")
+    with contextlib.closing(open_index(root / "idx")) as retriever:
+        return planner_memory_examples(world, retriever, style="concise", seed=1)
+
+
+def _blocks(prompt: str) -> tuple[str, str]:
+    pos_head = prompt.index(M.POSITIVE_HEADER.split("{")[0])
+    neg_head = prompt.index(M.NEGATIVE_HEADER.split("{")[0])
+    end = prompt.index("## Question")
+    return prompt[pos_head:neg_head], prompt[neg_head:end]
+
+
+def test_convention_targets_follow_the_memories(rows: list[dict]) -> None:
+    conventions = [r for r in rows if r["type"] == "convention"]
+    assert conventions and len({r["relation"] for r in conventions}) >= 3
+    for r in rows:
+        prompt = r["planner_messages"][1]["content"]
+        assert EMPTY_MEMORY not in prompt and "Judgement: correct" in prompt
+        assert not any(t in r["id"] for t in HELD_OUT_TEMPLATES)
+    readings_seen: dict[str, set[str]] = {}
+    for r in conventions:
+        prompt, reply = r["planner_messages"][1]["content"], r["planner_messages"][2]["content"]
+        pos, neg = _blocks(prompt)
+        think, plan = reply.split("</think>")
+        # The reason names the positive's fact and the one to look for; the plan reads it.
+        wanted = think.split("so I will look for ")[1].rstrip(".\n")
+        fact = wanted.split(" of ")[0].split(" where ")[0].split(" in which ")[0]
+        assert fact in plan
+        assert "So " + fact in pos or fact.replace("the ", "So the ", 1) in pos
+        if "Judgement: incorrect" in neg:
+            assert ("So " + fact) not in neg.split("Workflow Summary:")[1].split('-> "')[0]
+        readings_seen.setdefault(r["question"].split(" ")[0:3][0], set()).add(fact)
+    # the same wording is trained toward more than one reading: only the memories tell which
+    assert any(len(v) > 1 for v in readings_seen.values())

@@ -1,0 +1,29 @@
+"""Bootstrap intervals and paired differences (mia.eval.stats)."""
+
+from __future__ import annotations
+
+import math
+
+from mia.eval.stats import bootstrap_ci, comparison, format_comparison, paired_bootstrap_ci
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_n() -> None:
+    mean, lo, hi = bootstrap_ci([1, 0] * 10)
+    assert mean == 0.5 and lo < 0.5 < hi and hi - lo < 0.5
+    _, lo2, hi2 = bootstrap_ci([1, 0] * 200)
+    assert hi2 - lo2 < (hi - lo) / 3  # ~ 1/sqrt(n)
+    assert bootstrap_ci([1, 1, 1]) == (1.0, 1.0, 1.0)
+    assert all(math.isnan(x) for x in bootstrap_ci([]))
+
+
+def test_paired_difference_sees_what_two_intervals_would_not() -> None:
+    a = [1.0] * 12 + [0.0] * 28  # 30% vs 20%: overlapping intervals ...
+    b = [1.0] * 8 + [0.0] * 32
+    d, lo, hi = paired_bootstrap_ci(a, b)  # ... but a is never worse on any question
+    assert math.isclose(d, 0.1) and lo > 0
+    rows = comparison({"none": dict(enumerate(b)), "mia": dict(enumerate(a))}, groups={0: "x"})
+    assert rows[0]["policy"] == "none" and "delta" not in rows[0]
+    assert math.isclose(rows[1]["delta"]["mean"], 0.1) and rows[1]["delta"]["ci"][0] > 0
+    assert rows[1]["groups"]["x"] == {"n": 1, "accuracy": 1.0}
+    text = format_comparison(rows, {"mia": {"tools": 1.5, "tokens": 900, "seconds": 2.0}})
+    assert text.splitlines()[0].startswith("policy") and "+10.0" in text
