@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mia.caption import caption_text
 from mia.services.base import ServiceClient
 
 
@@ -39,9 +40,7 @@ class StreamSample(BaseModel):
         return text
 
     def to_sample(self) -> dict[str, Any]:
-        caption = self.image_caption
-        if isinstance(caption, list):
-            caption = "\n".join(caption)
+        caption = caption_text(self.image_caption)  # a list: its first caption, as memory_serve
         return {
             "data_id": str(self.data_id),
             "question": self.question,
