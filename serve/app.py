@@ -20,9 +20,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from mia.agent import ChatPolicy, ExecutorLoop, ReplanLimitError, ToolSet, Trajectory
-from mia.agent.loop import ExecutorTask
 from mia.agent.config import AgentConfig
 from mia.agent.images import is_image_part, part_url
+from mia.agent.loop import ExecutorTask
 from mia.errors import MiaError
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.llm.base import ChatBackend, LLMError
@@ -265,9 +265,9 @@ def create_serve_app(
     app.post("/execute", response_model=ExecuteResponse, summary="run the Executor on a plan")(
         execute
     )
-    app.post(
-        "/continue", response_model=ExecuteResponse, summary="continue with a revised plan"
-    )(continue_)
+    app.post("/continue", response_model=ExecuteResponse, summary="continue with a revised plan")(
+        continue_
+    )
 
     @app.post("/plan", response_model=ReferenceResponse, summary="the reference's /plan")
     async def plan(req: ExecuteRequest) -> dict[str, Any]:
