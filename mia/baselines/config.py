@@ -98,11 +98,17 @@ class BaselinesConfig:
     trace_max_chars: int = option(
         4000, "a trajectory's trace is cut in the middle to this size in memory prompts"
     )
-    mem0: Mem0Config = section(Mem0Config, "mem0")
-    amem: AMemConfig = section(AMemConfig, "amem")
-    expel: ExpelConfig = section(ExpelConfig, "expel")
-    memento: MementoConfig = section(MementoConfig, "memento")
-    reasoningbank: ReasoningBankConfig = section(ReasoningBankConfig, "reasoningbank")
+    mem0: Mem0Config = section(Mem0Config, "mem0: facts edited by ADD / UPDATE / DELETE / NOOP")
+    amem: AMemConfig = section(AMemConfig, "amem: linked notes whose neighbours evolve")
+    expel: ExpelConfig = section(
+        ExpelConfig, "expel: insight list + similar successful examples, for the Planner"
+    )
+    memento: MementoConfig = section(
+        MementoConfig, "memento: case bank of plans for the meta-planner"
+    )
+    reasoningbank: ReasoningBankConfig = section(
+        ReasoningBankConfig, "reasoningbank: strategy items from successes and failures"
+    )
 
     def validate(self) -> BaselinesConfig:
         checks = [
