@@ -18,9 +18,9 @@ from mia.errors import MiaError
 from mia.rl import sft as S
 
 OVERRIDES = [
-    "data.gold_world.size=small",
-    "data.gold_world.limit=5",
-    "data.gold_world.plan=with",
+    "gold_world.size=small",
+    "gold_world.limit=5",
+    "gold_world.plan=with",
     "data.val_size=1",
     "data.max_length=1024",
     "batch_size=2",
@@ -129,7 +129,7 @@ def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: 
     same = W.warm_recipe("executor", [*OVERRIDES, "run_dir=/elsewhere", "logging.jsonl=false"])
     assert W.recipe_key(same, fp) == key
     # anything that changes the weights is
-    for change in ("policy.optim.lr=0.5", "total_steps=4", "data.gold_world.seed=3"):
+    for change in ("policy.optim.lr=0.5", "total_steps=4", "gold_world.seed=3"):
         changed = W.warm_recipe("executor", [*OVERRIDES, change])
         assert W.recipe_key(changed, fp) != key, change
     assert W.recipe_key(W.warm_recipe("planner", OVERRIDES), fp) != key
@@ -142,10 +142,10 @@ def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: 
 
 def test_the_shipped_recipes_are_valid() -> None:
     for role in W.ROLES:
-        cfg = S.SftConfig.from_dict(W.warm_recipe(role))
+        cfg = W.WarmStartConfig.from_dict(W.warm_recipe(role))
         assert cfg.model_path == "embedded" and cfg.train_top_layers > 0
-        assert cfg.data.train == [] and cfg.data.gold_world.seed == 0
-    assert S.SftConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
+        assert cfg.data.train == [] and 1 not in cfg.gold_world.seeds  # 1: the held-out world
+    assert W.WarmStartConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
     with pytest.raises(MiaError, match="unknown warm-start role"):
         W.warm_recipe("judge")
 
@@ -190,11 +190,11 @@ def test_gold_of_several_worlds_with_alternate_plans_and_a_style(tmp_path: Path)
 
 
 def test_gold_world_config_checks_seeds_plan_and_style() -> None:
-    assert S.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
-    assert S.GoldWorldConfig(seed=5).seeds == [5]
+    assert W.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
+    assert W.GoldWorldConfig(seed=5).seeds == [5]
     for bad in ({"seed": [1, 1]}, {"seed": -1}, {"seed": []}, {"plan": "often"},
                 {"style": "chatty"}):  # fmt: skip
-        with pytest.raises(MiaError, match="data.gold_world"):
-            S.GoldWorldConfig(**bad).validate()
-    cfg = S.SftConfig.from_dict(W.warm_recipe("executor", ["data.gold_world.seed=[2,3]"]))
-    assert cfg.data.gold_world.seeds == [2, 3]
+        with pytest.raises(MiaError, match="gold_world"):
+            W.GoldWorldConfig(**bad).validate()
+    cfg = W.WarmStartConfig.from_dict(W.warm_recipe("executor", ["gold_world.seed=[2,3]"]))
+    assert cfg.gold_world.seeds == [2, 3]

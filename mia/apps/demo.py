@@ -346,7 +346,7 @@ def warm_start_roles(
         if r["backend"] != "local" or r["model_path"] != "embedded":
             continue
         recipe = warm_recipe(role, list(cfg.warm_start.overrides.get(role) or []))
-        seeds = recipe["data"]["gold_world"].get("seed")
+        seeds = recipe["gold_world"].get("seed")
         if cfg.world.seed in (seeds if isinstance(seeds, list) else [seeds]):
             _say(
                 f"  note: world seed {cfg.world.seed} is the {role}'s SFT world: the test "

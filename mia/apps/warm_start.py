@@ -5,7 +5,7 @@ so the demo's Executor and Planner are first fine-tuned on the gold transcripts 
 world's train split. Built on first use, with progress:
 
     world (seed of the recipe) -> BM25 index -> gold transcripts (cached under $MIA_HOME/data/gold)
-    -> SFT of the base model (mia.rl.sft, configs/sft/<role>.yaml) -> merged HF folder
+    -> SFT of the base model (mia.rl.sft; recipe configs/warm_start/<role>.yaml) -> merged HF folder
 
 The folder is ``$MIA_HOME/models/warm-<role>-<key>``, written atomically (a temporary sibling
 renamed into place; the marker ``mia-model.json`` is written last), behind a file lock so
@@ -28,16 +28,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.models.embedded import file_lock, read_marker
 from mia.paths import atomic_dir, atomic_write_text, mia_home
-
-if TYPE_CHECKING:
-    from mia.rl.sft import GoldWorldConfig
+from mia.rl.policy import config_from_dict, plain_config
+from mia.rl.sft import SftConfig
 
 ROLES = ("executor", "planner")
 MARKER = "mia-model.json"
@@ -49,6 +49,109 @@ NOT_RECIPE = ("run_dir", "output_dir", "logging", "checkpoint_dir", "resume", "s
               "keep_last", "export", "export_dtype")  # fmt: skip
 
 Log = Callable[[str], None]
+
+
+@dataclass
+class GoldWorldConfig:
+    """Gold transcripts of synthetic worlds (:mod:`mia.apps.gold`), the warm start's data.
+    ``seed``: one world or a list of worlds (each world's ``split``, ``limit`` questions
+    each). ``plan``: the Executor prompt with the gold plan (``with``), without (``without``),
+    one conversation of each (``both``, so the model serves with and without a Planner) or one
+    of the two per question, about half each (``alternate``). ``style``: how much the
+    Executor's reasoning says (``full`` | ``concise`` | ``terse``, docs/gold.md)."""
+
+    seed: int | list[int] = field(
+        default=0,
+        metadata={
+            "help": "world seed, or a list of worlds (each world's split, limit questions each); the warm start uses 0, the demo evaluates on 1"
+        },
+    )
+    size: str = field(default="default", metadata={"help": "world size: small | default | large"})
+    split: str = field(default="train", metadata={"help": "train | test | all"})
+    limit: int | None = field(
+        default=None,
+        metadata={"help": "first N questions of the split (after the type filter); null = all"},
+    )
+    types: list[str] = field(
+        default_factory=lambda: ["single_hop", "bridge", "comparison"],
+        metadata={"help": "question types (image questions need a vision model)"},
+    )
+    plan: str = field(
+        default="both",
+        metadata={
+            "help": "with | without | both | alternate (the Executor prompt with and without the gold plan)"
+        },
+    )
+    topk: int = field(
+        default=3, metadata={"help": "search results per query (the agent config's default)"}
+    )
+    style: str = field(
+        default="full",
+        metadata={
+            "help": "how much the Executor's reasoning says: full | concise | terse (docs/gold.md)"
+        },
+    )
+    # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
+    # data that teaches the Planner to derive its plan from memory.
+    planner_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold)"
+        },
+    )
+
+    @property
+    def seeds(self) -> list[int]:
+        return [int(s) for s in self.seed] if isinstance(self.seed, list | tuple) else [self.seed]
+
+    def validate(self) -> GoldWorldConfig:
+        if self.plan not in ("with", "without", "both", "alternate"):
+            raise MiaError(
+                f"gold_world.plan must be with | without | both | alternate, got {self.plan!r}"
+            )
+        if self.style not in ("full", "concise", "terse"):
+            raise MiaError(f"gold_world.style must be full | concise | terse, got {self.style!r}")
+        seeds = self.seeds
+        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+            raise MiaError(f"gold_world.seed must be >= 0 (distinct in a list), got {self.seed}")
+        if self.split not in ("train", "test", "all"):
+            raise MiaError(f"gold_world.split must be train | test | all, got {self.split!r}")
+        if self.limit is not None and self.limit < 1:
+            raise MiaError("gold_world.limit must be >= 1 or null")
+        from mia.data.world_questions import QUESTION_TYPES
+
+        bad = sorted(set(self.types) - set(QUESTION_TYPES))
+        if bad or not self.types:
+            raise MiaError(f"gold_world.types must be among {list(QUESTION_TYPES)}, got {bad}")
+        return self
+
+
+@dataclass
+class WarmStartConfig(SftConfig):
+    """A warm-start recipe (``configs/warm_start/<role>.yaml``): the SFT run plus the synthetic
+    worlds whose gold transcripts it trains on. The SFT engine itself only takes files."""
+
+    gold_world: GoldWorldConfig = field(
+        default_factory=GoldWorldConfig,
+        metadata={
+            "help": "the worlds whose gold transcripts the SFT trains on (cached under $MIA_HOME/data)"
+        },
+    )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | SftConfig) -> WarmStartConfig:
+        if isinstance(data, cls):
+            return data.validate()
+        raw = plain_config(data)
+        gold = dict(raw.pop("gold_world", None) or {})
+        cfg = super().from_dict(raw)
+        assert isinstance(cfg, WarmStartConfig)
+        cfg.gold_world = config_from_dict(GoldWorldConfig, gold).validate()
+        return cfg
+
+    def sft(self) -> SftConfig:
+        """The SFT part (what :func:`mia.rl.sft.train_sft` runs once the gold is built)."""
+        return SftConfig(**{f.name: getattr(self, f.name) for f in fields(SftConfig)})
 
 
 def _stderr(line: str) -> None:
@@ -144,11 +247,8 @@ def gold_world_file(
     ``plan: both`` a question has one row of each (same ``id``). Several seeds: the worlds'
     rows one after the other (ids ``w<seed>_...`` stay distinct).
     """
-    from mia.rl.policy import config_from_dict
-    from mia.rl.sft import GoldWorldConfig
-
     if is_dataclass(g) and not isinstance(g, GoldWorldConfig):
-        g = asdict(g)  # e.g. the class of ``python -m mia.rl.sft`` (``__main__``), not this one
+        g = asdict(g)  # e.g. the class of ``python -m mia.apps.warm_start`` (``__main__``)
     cfg = g if isinstance(g, GoldWorldConfig) else config_from_dict(GoldWorldConfig, dict(g))
     cfg.validate()
     emit = say or (lambda _line: None)
@@ -265,19 +365,19 @@ def _quiet_stderr() -> Any:
 
 
 def warm_recipe(role: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The composed SFT recipe of a role (``configs/sft/<role>.yaml`` + Hydra overrides)."""
+    """The composed recipe of a role (``configs/warm_start/<role>.yaml`` + Hydra overrides)."""
     from mia.rl.sft import compose
 
     if role not in ROLES:
         raise MiaError(f"unknown warm-start role {role!r} (one of {', '.join(ROLES)})")
-    return compose(role, list(overrides))
+    return compose(role, list(overrides), schema=WarmStartConfig, group="warm_start")
 
 
 def recipe_key(recipe: Mapping[str, Any], base: Mapping[str, Any]) -> str:
     """The cache key: recipe (minus run location/logging) + data version + base model."""
-    from mia.rl.sft import SftConfig
-
-    full = SftConfig.from_dict(dict(recipe)).to_dict()  # defaults filled: a no-op edit keeps it
+    full = WarmStartConfig.from_dict(
+        dict(recipe)
+    ).to_dict()  # defaults filled: a no-op edit keeps it
     semantic = {k: v for k, v in full.items() if k not in NOT_RECIPE and k != "model_path"}
     return _sha({"recipe": semantic, "data": data_fingerprint(), "base": dict(base)})[:16]
 
@@ -354,13 +454,14 @@ def _build(
     home: str | Path | None,
     emit: Log,
 ) -> None:
-    from mia.rl.sft import SftConfig, train_sft
+    from mia.rl.sft import train_sft
 
     started = time.monotonic()
     emit(f"warm start [{role}]: fine-tuning {base.name} on gold transcripts -> {target}")
-    sft = SftConfig.from_dict(cfg)
+    recipe = WarmStartConfig.from_dict(cfg)
+    sft = recipe.sft()
     if not sft.data.train:  # gold first (shared by the roles): the SFT then runs on a file
-        sft.data.train = [str(gold_world_file(sft.data.gold_world, home, say=emit))]
+        sft.data.train = [str(gold_world_file(recipe.gold_world, home, say=emit))]
     runs = target.parent / ".warm-runs"
     runs.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{role}-", dir=runs))
@@ -404,6 +505,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--force", action="store_true", help="rebuild even a valid cache")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe override (Hydra syntax), applied to every role given")  # fmt: skip
+    add_help_config(p, WarmStartConfig)
     args = p.parse_args(argv)
     try:
         for role in args.roles:
@@ -415,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "ROLES",
+    "GoldWorldConfig",
+    "WarmStartConfig",
     "main",
     "WARM_DATA_VERSION",
     "base_fingerprint",
