@@ -519,7 +519,10 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     llm_yaml = write_llm_config(
         cfg.llm_config, work / "llm.yaml", model_path=args.model, roles=roles
     )
-    memory = any(spec(p).needs_memory for p in cfg.policies) or ttrl
+    # The memory baselines (mem0, ..., memento) call the manager role and, for expel/memento,
+    # the planner role of this same llm config, in the harness's process.
+    memory = any(spec(p).needs_memory or spec(p).baseline for p in cfg.policies) or ttrl
+    eval_cfg.baselines.llm.config = str(llm_yaml)
     needed = ["executor"] + (["planner", "manager"] if memory else [])
     for role in needed:
         r = role_llm_dict(str(llm_yaml), role)
