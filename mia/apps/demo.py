@@ -45,7 +45,9 @@ ROLES = ("executor", "planner", "manager")
 class WorldChoice:
     """The synthetic world the demo evaluates on."""
 
-    seed: int = option(1, "world seed; HELD OUT: the warm start trains on worlds 2-8 (Executor) and 0 (Planner)")
+    seed: int = option(
+        1, "world seed; HELD OUT: the warm start trains on worlds 2-8 (Executor) and 0 (Planner)"
+    )
     size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
 
 
@@ -62,7 +64,8 @@ class WarmStartChoice:
     )
     roles: list[str] = option(["executor", "planner"], "the warm-started roles")
     overrides: dict[str, list[str]] = option(
-        {}, "role -> Hydra overrides of configs/warm_start/<role>.yaml (a changed recipe trains anew)"
+        {},
+        "role -> Hydra overrides of configs/warm_start/<role>.yaml (a changed recipe trains anew)",
     )
     sampling: dict[str, dict[str, Any]] = option(
         {
