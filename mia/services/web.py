@@ -264,12 +264,19 @@ class WebSearchClient:
         )
 
     async def search(
-        self, queries: list[str], max_results: int = DEFAULT_MAX_RESULTS
+        self,
+        queries: list[str],
+        max_results: int = DEFAULT_MAX_RESULTS,
+        engine: Engine | None = None,
     ) -> list[list[dict[str, Any]]]:
+        """``engine`` None = the gateway's ``default_engine``."""
         out: list[list[dict[str, Any]]] = []
         for start in range(0, len(queries), MAX_QUERIES):
             chunk = queries[start : start + MAX_QUERIES]
-            body = await self._post({"queries": chunk, "max_results": max_results})
+            payload: dict[str, Any] = {"queries": chunk, "max_results": max_results}
+            if engine is not None:
+                payload["engine"] = engine
+            body = await self._post(payload)
             out += [entry["results"] for entry in body["queries"]]
         return out
 
