@@ -286,6 +286,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listen now, before the port file is written: a client that reads the file connects into
+    # the backlog instead of being refused while uvicorn is still starting.
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

@@ -30,7 +30,8 @@ from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
 
 MAX_EXAMPLES = 12  # per operation and generation mode
-# The 5xx a service may answer by design: an upstream (Serper) that is down or refusing.
+# The 5xx a service may answer by design: an upstream (Serper, ddgs, a web page) that is down
+# or refusing.
 UPSTREAM = {"web_tools": {502, 503, 504}}
 
 
@@ -165,20 +166,31 @@ def test_fuzz_web_tools(tmp_path: Path, no_unhandled: None) -> None:
     from web_tools.config import WebToolsConfig
     from web_tools.server import build_app
 
+    def ddgs_call(kind: str, query: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        # ddgs' network call, faked (it cannot be pointed at a local server); no images, so
+        # /image_search fetches nothing from outside.
+        if kind == "images":
+            return []
+        return [{"title": query, "href": "https://d.example/1", "body": "b"}]
+
     fake = FakeSerper(expected_key="k")
     with ServerThread(fake.app) as serper:
         config = WebToolsConfig(
-            serper_url=serper,
+            serper_url=f"{serper}/search",
+            serper_images_url=f"{serper}/images",
             cache_path=str(tmp_path / "cache.sqlite"),
             rate_limit_qps=0.0,
             timeout_s=5.0,
+            max_retries=1,
             backoff_base_s=0.001,
             backoff_max_s=0.01,
         )
-        with ServerThread(build_app(config, serper_key="k")) as url:
+        with ServerThread(build_app(config, serper_key="k", ddgs_call=ddgs_call)) as url:
             seen = fuzz(url, "web_tools")
-    assert any(r.startswith("POST /search") for r in seen)
-    assert sum(c[200] for c in seen.values()) > 0
+    routes = {"GET /search", "POST /search", "GET /image_search", "GET /web_scrape", "GET /health"}
+    assert set(seen) == routes
+    assert all(seen[r][200] > 0 for r in ("GET /search", "POST /search", "GET /image_search"))
+    assert sum(seen["GET /web_scrape"].values()) > 0
 
 
 def test_fuzz_reward_server(tmp_path: Path, no_unhandled: None) -> None:

@@ -1,5 +1,5 @@
 """Held-out-style compatibility: clients written only from the reference's documented request and
-response shapes (docs/reference.md §3.1-3.3, §3.6), as plain dicts over httpx -- never our client
+response shapes (docs/reference.md §3.1-3.4, §3.6), as plain dicts over httpx -- never our client
 classes -- drive each service's reference routes on real uvicorn servers (scripted LLMs)."""
 
 from __future__ import annotations
@@ -262,3 +262,86 @@ def test_streaming_reference_client(stream) -> None:
     # A batch without data_id is a 4xx, nothing buffered.
     bad = httpx.post(f"{stream.url}/submit_sample", json={"rollout": {"batch": {}}})
     assert bad.status_code == 422 and "data_id" in bad.json()["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- web_tools §3.4
+
+
+def test_web_tools_reference_client(tmp_path: Path) -> None:
+    """The gateway's three tool routes as the reference's clients call them: GET with query
+    parameters, an envelope {request_id, tool: {name, version}, result, stat: {cache}} back."""
+    from fake_serper import FakeSerper
+    from fake_web import FakeWeb
+
+    from web_tools.config import WebToolsConfig
+    from web_tools.server import build_app
+
+    def ddgs_call(kind: str, query: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        # Stands in for ddgs' network call (ddgs cannot be pointed at a local server).
+        return [{"title": f"{query} {i}", "href": f"https://d.example/{i}", "body": f"b{i}"}
+                for i in range(1, kwargs["max_results"] + 1)]  # fmt: skip
+
+    serper, web = FakeSerper(), FakeWeb()
+    with ServerThread(serper.app) as serper_url, ServerThread(web.app) as web_url:
+        serper.images["tower"] = {"images": [
+            {"title": "Red tower", "imageUrl": f"{web_url}/img/red.png", "link": "https://p/1"}]}  # fmt: skip
+        config = WebToolsConfig(
+            serper_url=f"{serper_url}/search", serper_images_url=f"{serper_url}/images",
+            cache_path=str(tmp_path / "c.sqlite"), rate_limit_qps=0.0, default_engine="ddgs",
+        )  # fmt: skip
+        app = build_app(config, serper_key="k", ddgs_call=ddgs_call)
+        with ServerThread(app) as url:
+            get = lambda path, **params: httpx.get(url + path, params=params, timeout=60)  # noqa: E731
+
+            def envelope(resp: httpx.Response, tool: str, cache: str) -> dict[str, Any]:
+                assert resp.status_code == 200, resp.text
+                body = resp.json()
+                assert isinstance(body["request_id"], str) and body["request_id"]
+                assert body["tool"]["name"] == tool and isinstance(body["tool"]["version"], str)
+                assert body["stat"] == {"cache": cache}
+                return body["result"]
+
+            # tool_serper.py: GET /search?q=...&engine=serper&max_results=5, one query.
+            r = envelope(get("/search", q="eiffel tower", engine="serper", max_results=5),
+                         "search", "MISS")  # fmt: skip
+            assert (r["success"], r["engine"]) == (True, "serper")
+            assert [x["url"] for x in r["results"]] == [
+                f"https://example.com/eiffel-tower/{i}" for i in range(1, 6)
+            ]
+            first = r["results"][0]
+            assert {k: first[k] for k in ("title", "snippet", "date")} == {
+                "title": "eiffel tower - result 1", "snippet": "Snippet 1 about eiffel tower.",
+                "date": "Jan 2, 2024"}  # fmt: skip
+            assert first["formatted"] in r["formatted"] and isinstance(r["latency_ms"], float)
+            assert serper.calls[-1].body == {"q": "eiffel tower", "num": 5, "gl": "us", "hl": "en"}
+            again = get("/search", q="eiffel tower", engine="serper", max_results=5)
+            assert envelope(again, "search", "HIT")["results"] == r["results"]
+
+            # A list of queries, no engine (the default, ddgs), max_results defaults to 3:
+            # results is ONE string, the formatted blocks joined by "\n=======\n".
+            r = envelope(httpx.get(f"{url}/search?q=a&q=b", timeout=60), "search", "MISS")
+            assert r["engine"] == "ddgs" and isinstance(r["results"], str)
+            blocks = r["results"].split("\n=======\n")
+            assert len(blocks) == 2 and all(b.count("https://d.example/") == 3 for b in blocks)
+
+            # /image_search: text (titles) and images (base64, 256x256).
+            r = envelope(get("/image_search", q="tower", engine="serper"), "image_search", "MISS")
+            assert r["text"] == "Red tower" and len(r["images"]) == 1
+            img = Image.open(io.BytesIO(base64.b64decode(r["images"][0])))
+            assert img.size == (256, 256)
+            assert serper.calls[-1].body["num"] == 5  # the reference's default max_results
+
+            # /web_scrape: success, url, markdown_content, latency_ms.
+            page = f"{web_url}/article.html"
+            r = envelope(get("/web_scrape", url=page, goal="bridges"), "web_scrape", "MISS")
+            assert (r["success"], r["url"]) == (True, page)
+            assert r["markdown_content"].startswith("# The River Seine\n\n")
+            assert isinstance(r["latency_ms"], float) and "extracted_info" not in r
+            hit = envelope(get("/web_scrape", url=page), "web_scrape", "HIT")
+            drop = ("latency_ms", "goal")
+            assert {k: v for k, v in hit.items() if k not in drop} == {
+                k: v for k, v in r.items() if k not in drop}  # fmt: skip
+
+            # deterministic=true: a cache miss is a 404 (an error body with "error").
+            miss = get("/search", q="never asked", deterministic="true")
+            assert miss.status_code == 404 and "error" in miss.json()
