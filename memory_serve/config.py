@@ -131,6 +131,27 @@ class LLMRolesConfig:
 
 
 @dataclass
+class UIConfig:
+    enabled: bool = True  # GET /ui: the memory inspector (docs/inspector.md)
+    runs_dir: str | None = None  # runs on its Runs tab; None = $MIA_HOME/runs
+
+
+@dataclass
+class ProxyConfig:
+    # An OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1): serve /v1/chat/completions
+    # with memory (docs/proxy.md). None = no proxy routes.
+    upstream: str | None = None
+    # Environment variable holding the upstream's API key (read at start, never logged). Unset:
+    # the client's own Authorization header is forwarded, but only when this service has no token.
+    api_key_env: str = "MIA_PROXY_API_KEY"
+    inject: str = "plan"  # plan (the Planner's plan) | memories (the retrieved block) | none
+    on_plan_error: str = "forward"  # forward (without a plan) | error (502)
+    timeout_s: float = 600.0  # per upstream request
+    tasks_db: str | None = None  # open tasks; None = <db stem>-proxy.sqlite beside the store
+    task_ttl_s: float = 7 * 24 * 3600.0  # tasks without feedback are forgotten after this
+
+
+@dataclass
 class MemoryServeConfig:
     db_path: str | None = None  # None = $MIA_HOME/memory/memory.sqlite
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
@@ -141,6 +162,8 @@ class MemoryServeConfig:
     ttrl: TTRLConfig = field(default_factory=TTRLConfig)
     persist: PersistConfig = field(default_factory=PersistConfig)
     llm: LLMRolesConfig = field(default_factory=LLMRolesConfig)
+    ui: UIConfig = field(default_factory=UIConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
     def validate(self) -> MemoryServeConfig:
         r, w = self.store.retrieval, self.store.write
@@ -179,6 +202,21 @@ class MemoryServeConfig:
                 self.planner.replan_train_variant in ("image", "text", "auto"),
                 "planner.replan_train_variant must be image|text|auto",
             ),
+            (
+                self.proxy.inject in ("plan", "memories", "none"),
+                "proxy.inject must be plan|memories|none",
+            ),
+            (
+                self.proxy.on_plan_error in ("forward", "error"),
+                "proxy.on_plan_error must be forward|error",
+            ),
+            (
+                self.proxy.upstream is None
+                or str(self.proxy.upstream).startswith(("http://", "https://")),
+                "proxy.upstream must be an http:// or https:// URL",
+            ),
+            (self.proxy.timeout_s > 0, "proxy.timeout_s must be > 0"),
+            (self.proxy.task_ttl_s > 0, "proxy.task_ttl_s must be > 0"),
             (
                 all(rule in SELECTION_RULES for rule in self.ttrl.rules),
                 f"ttrl.rules must be among {list(SELECTION_RULES)}",

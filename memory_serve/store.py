@@ -655,7 +655,9 @@ class MemoryStore:
                     for i in rows
                 )
 
-            return Retrieval(scored(pos), scored(neg), len(index))
+            return Retrieval(
+                scored(pos), scored(neg), len(index), float(sim.min()), float(sim.max())
+            )
 
     # ------------------------------------------------------------------ plan pairs
 

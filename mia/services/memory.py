@@ -72,6 +72,43 @@ class MemoryQuery(_Request):
     min_similarity: float | None = Field(default=None, ge=-1.0, le=1.0)
     category: Category | None = None  # skip the classifier and use this bucket
     modality: Modality | None = None  # default: text-image iff a caption is given
+    # /memory only: also return how every retrieved memory was scored (``explain``).
+    explain: bool = False
+
+
+class ScoredMemory(BaseModel):
+    """One retrieved memory and the numbers that ranked it (``/memory`` with ``explain``)."""
+
+    rank: int  # 1 = first
+    id: int
+    question: str
+    workflow_summary: str
+    judgement: str
+    usage_count: int
+    success_count: int
+    similarity: float  # raw mixed cosine
+    normalised: float  # min-max normalised over the bucket
+    win_rate: float
+    score: float  # similarity_weight * normalised + win_rate_weight * win_rate
+
+
+class RetrievalExplain(BaseModel):
+    modality: str
+    category: str
+    bucket_size: int
+    # The bucket's raw similarity range used by the min-max normalisation (None: empty bucket).
+    similarity_min: float | None
+    similarity_max: float | None
+    caption_used: bool  # the query had a caption: sim = qw*cos(q) + cw*cos(caption)
+    question_weight: float
+    caption_weight: float
+    similarity_weight: float
+    win_rate_weight: float
+    min_similarity: float | None
+    top_k: int
+    pass_num: int
+    positives: list[ScoredMemory]
+    negatives: list[ScoredMemory]
 
 
 class MemoryResponse(BaseModel):
@@ -81,6 +118,7 @@ class MemoryResponse(BaseModel):
     # Reference names of the same ids.
     pos_indices: list[int]
     neg_indices: list[int]
+    explain: RetrievalExplain | None = None  # only when asked (absent otherwise)
 
 
 class PlanResponse(BaseModel):
@@ -214,6 +252,68 @@ class FoundMemory(BaseModel):
 
 class FindMemoriesResponse(BaseModel):
     memories: list[FoundMemory]
+
+
+class MemoryRow(BaseModel):
+    """A stored memory as the inspector lists it (``GET /memories``)."""
+
+    id: int
+    data_id: str
+    question: str
+    image_caption: str
+    workflow_summary: str
+    judgement: str
+    usage_count: int
+    success_count: int
+    win_rate: float
+    modality: str
+    category: str
+    created_at: float
+    source: str
+
+
+class MemoryPage(BaseModel):
+    total: int  # memories matching the filters
+    offset: int
+    limit: int
+    memories: list[MemoryRow]
+
+
+class MemoryUse(BaseModel):
+    """A trajectory that used (was credited with) a memory."""
+
+    id: int
+    question: str
+    data_id: str
+    success: bool
+    source: str
+    result_id: int | None  # the memory that trajectory became (None: not stored)
+    created_at: float
+
+
+class MemoryDetail(BaseModel):
+    memory: MemoryRow
+    plan: str
+    extra: dict[str, Any]
+    uses: int  # all recorded uses (``history`` holds the latest)
+    history: list[MemoryUse]
+
+
+class RunInfo(BaseModel):
+    id: str  # the run file's path under the runs folder
+    kind: Literal["ttrl", "eval"]
+    name: str
+    modified: float
+
+
+class RunsResponse(BaseModel):
+    root: str
+    runs: list[RunInfo]
+    truncated: bool
+
+
+class RunDetail(RunInfo):
+    rows: list[dict[str, Any]]  # ttrl: one per batch; eval: one per policy
 
 
 class RolloutItem(_TrajectoryFields):
