@@ -380,7 +380,8 @@ async function openRun(id) {
       .map(([key, label]) => ({ key, label,
         values: run.rows.map((r) => (typeof r[key] === "number" ? r[key] : null)) }));
     view.append(lineChart("accuracy per batch", xs, series));
-    view.append(runTable(run.rows, [["batch", "batch"], ["questions", "questions"],
+    const shown = run.rows.map((r) => Object.assign({}, r, { batch: r.batch + 1 }));
+    view.append(runTable(shown, [["batch", "batch"], ["questions", "questions"],
       ["rollouts", "rollouts"], ["accuracy", "accuracy", 3], ["accuracy_vote", "vote", 3],
       ["reward_mean", "reward", 3], ["replan_rate", "replan", 2], ["memories", "memories"],
       ["seconds", "seconds", 1]]));
