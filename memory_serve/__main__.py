@@ -40,6 +40,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="re-embed a store built with another embedder instead of refusing to start",
     )
+    parser.add_argument(
+        "--proxy",
+        metavar="UPSTREAM_URL",
+        default=None,
+        help="also serve an OpenAI-compatible /v1/chat/completions that plans from memory and "
+        "forwards to this OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+        "(key from $MIA_PROXY_API_KEY; docs/proxy.md)",
+    )
+    parser.add_argument(
+        "--runs", metavar="DIR", default=None, help="runs folder of the inspector (ui.runs_dir)"
+    )
     add_server_args(parser, default_port=5000, env_prefix="MEMORY_SERVE")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_args(argv)
@@ -59,7 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     from memory_serve.store import MemoryStore
     from mia.embedding import build_embedder
 
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.proxy:
+        overrides.append(f"proxy.upstream={args.proxy}")
+    if args.runs:
+        overrides.append(f"ui.runs_dir={args.runs}")
+    cfg = load_config(args.config, overrides)
     db_path = args.db or cfg.db_path or str(mia_home() / "memory" / "memory.sqlite")
     e = cfg.embedder
     embedder = build_embedder(e.model, e.device, e.batch_size, e.max_seq_length)
@@ -76,9 +92,22 @@ def main(argv: list[str] | None = None) -> None:
         cfg.compress.mode,
     )
     app = build_app(service, token=args.token, max_body_bytes=args.max_body_bytes)
+    proxy = getattr(app.state, "proxy", None)
+    if proxy is not None:
+        key = cfg.proxy.api_key_env
+        log.info(
+            "proxy: /v1/chat/completions -> %s (upstream key from $%s: %s)",
+            proxy.upstream,
+            key,
+            "set" if os.environ.get(key) else "unset",
+        )
+    if cfg.ui.enabled:
+        log.info("memory inspector: http://%s:%s/ui", args.host, args.port or "<port>")
     try:
         run_app(app, args.host, args.port, args.port_file)
     finally:
+        if proxy is not None:
+            proxy.tasks.close()
         store.close()
         for backend in {id(b): b for b in (manager, planner) if b is not None}.values():
             asyncio.run(backend.aclose())

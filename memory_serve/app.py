@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import Body, FastAPI, Path, Query
 
 from memory_serve.inspector import PAGES, add_inspector
+from memory_serve.proxy import add_proxy
 from memory_serve.runs import find_runs, load_run
 from memory_serve.service import MemoryService, gather_all
 from memory_serve.store import SORTS
@@ -195,6 +196,8 @@ def build_app(
 
     if service.cfg.ui.enabled:
         add_inspector(app)
+    if service.cfg.proxy.upstream:
+        add_proxy(app, service)
 
     return app
 
