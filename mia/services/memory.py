@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -455,6 +456,28 @@ class MemoryClient(ServiceClient):
     async def plan(self, question: str, **kw: Any) -> dict[str, Any]:
         """``{plan, messages, memory_ids, context, ...}``: a plan written with memories."""
         return await self.post("/plan", self.query(question, **kw))
+
+    def plan_sync(self, question: str, **kw: Any) -> dict[str, Any]:
+        return self.post_sync("/plan", self.query(question, **kw))
+
+    def explain_sync(self, question: str, **kw: Any) -> dict[str, Any]:
+        """``/memory`` with ``explain``: the retrieved memories and the numbers that ranked
+        them (``{context, positive_ids, negative_ids, explain: {positives, negatives, ...}}``)."""
+        return self.post_sync("/memory", {**self.query(question, **kw), "explain": True})
+
+    def save_memories_sync(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``/memories``: finished trajectories to remember (``{results: [...]}``)."""
+        return self.post_sync("/memories", [dict(i) for i in items])
+
+    def list_memories_sync(self, **params: Any) -> dict[str, Any]:
+        """``GET /memories``: one page (``offset``, ``limit``, ``q``, ``judgement``, ``bucket``,
+        ``source``, ``sort``) -> ``{total, offset, limit, memories}``."""
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        return self.get_sync(f"/memories?{query}" if query else "/memories")
+
+    def memory_detail_sync(self, memory_id: int, history: int = 200) -> dict[str, Any]:
+        """``GET /memories/{id}``: the memory and the trajectories that used it."""
+        return self.get_sync(f"/memories/{int(memory_id)}?history={int(history)}")
 
     async def judge_replan(
         self, workflow: str, past_messages: Sequence[Mapping[str, Any]], memory_ids: Sequence[int]
