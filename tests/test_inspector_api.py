@@ -273,7 +273,7 @@ def test_history_in_backups_and_migration_from_schema_1(tmp_path: Path) -> None:
     # Make it a version-1 file: no history table, no new indexes, schema 1.
     conn = sqlite3.connect(db)
     conn.executescript(
-        "DROP TABLE memory_uses; DROP INDEX memories_bucket; DROP INDEX memories_judgement;"
+        "DROP TABLE memory_uses; DROP INDEX memories_listing;"
         "UPDATE meta SET value = '1' WHERE key = 'schema_version';"
     )
     conn.close()
@@ -354,12 +354,12 @@ def test_paging_over_100k_memories(tmp_path: Path) -> None:
         assert all(r.judgement == "incorrect" and r.category == "location" for r in page)
         total, page = store.page(sort="win_rate", limit=3)
         assert [r.win_rate for r in page] == [0.5] * 3
-        # The query plan uses the new indexes for bucket and judgement filters.
+        # Pages read the covering listing index, never the table with its embedding blobs.
         plan = store._conn.execute(
-            "EXPLAIN QUERY PLAN SELECT id FROM memories WHERE judgement = 'correct' "
-            "ORDER BY id DESC LIMIT 50"
+            "EXPLAIN QUERY PLAN SELECT id FROM memories INDEXED BY memories_listing "
+            "WHERE judgement = 'correct' AND question LIKE '%a%' ORDER BY win_rate DESC LIMIT 50"
         ).fetchall()
-        assert "memories_judgement" in str(plan)
+        assert "COVERING INDEX memories_listing" in str(plan)
 
 
 def test_browser_sessions(tmp_path: Path) -> None:
