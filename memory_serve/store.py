@@ -899,8 +899,7 @@ class MemoryStore:
             total = self._conn.execute(f"SELECT COUNT(*) FROM {source_sql} WHERE {cond}", args)
             total = int(total.fetchone()[0])
             ids = self._conn.execute(
-                f"SELECT id FROM {source_sql} WHERE {cond} ORDER BY {SORTS[sort]} "
-                "LIMIT ? OFFSET ?",
+                f"SELECT id FROM {source_sql} WHERE {cond} ORDER BY {SORTS[sort]} LIMIT ? OFFSET ?",
                 [*args, max(0, int(limit)), max(0, int(offset))],
             ).fetchall()
             # The in-memory records equal the table while the write lock is held.
