@@ -72,15 +72,17 @@ def find_runs(root: Path) -> tuple[list[dict[str, Any]], bool]:
 
 def resolve_run(root: Path, run_id: str) -> tuple[Path, str]:
     """The run file named by ``run_id`` (a path under ``root``), and its kind; 4xx otherwise."""
+    if not run_id or any(ord(ch) < 32 for ch in run_id):
+        raise ApiError(400, f"not a run id: {run_id[:200]!r}", "bad_run_id")
     rel = Path(run_id)
-    if not run_id or rel.is_absolute() or ".." in rel.parts or rel.name not in RUN_FILES:
+    if rel.is_absolute() or ".." in rel.parts or rel.name not in RUN_FILES:
         raise ApiError(400, f"not a run id: {run_id[:200]!r}", "bad_run_id")
     path = root / rel
     try:
-        inside = path.resolve().is_relative_to(root.resolve())
-    except OSError:
+        inside = path.resolve().is_relative_to(root.resolve()) and path.is_file()
+    except (OSError, ValueError):
         inside = False
-    if not inside or not path.is_file():
+    if not inside:
         raise ApiError(404, f"no run {run_id[:200]!r} under the runs folder", "no_such_run")
     return path, RUN_FILES[rel.name]
 

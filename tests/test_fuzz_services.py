@@ -149,7 +149,9 @@ def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> N
     routes = "memory plan judge_replan replan replan_train memories batch_memory_save "
     routes += "memories/find memory_bank_save consolidate_memories batch_evaluate save_memory "
     routes += "load_memory clear_memory"
-    assert {f"POST /{r}" for r in routes.split()} | {"GET /stats", "GET /health"} == set(seen)
+    gets = {"GET /stats", "GET /health", "GET /memories", "GET /memories/{memory_id}"}
+    gets |= {"GET /runs", "GET /runs/detail"}
+    assert {f"POST /{r}" for r in routes.split()} | gets == set(seen)
     # Whatever was written stayed inside the sandbox (relative paths resolve there).
     assert {p.name for p in tmp_path.iterdir()} <= {
         "sandbox",

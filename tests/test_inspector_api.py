@@ -462,6 +462,7 @@ def test_runs_folder(tmp_path: Path) -> None:
             ("/etc/passwd", 400, "bad_run_id"),
             ("b/other.json", 400, "bad_run_id"),
             ("zzz/summary.json", 404, "no_such_run"),
+            ("b/\x00/summary.json", 400, "bad_run_id"),
         ):
             r = client.get("/runs/detail", params={"id": run_id})
             assert (r.status_code, r.json()["error"]["code"]) == (status, code), run_id

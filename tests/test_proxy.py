@@ -303,3 +303,37 @@ def test_python_client_plan_record_search(tmp_path: Path, monkeypatch: pytest.Mo
         assert rec2.credited_ids == [1]
         page = mem.memories(query="located")
         assert [m["id"] for m in page["memories"]] == [2]
+
+
+@pytest.mark.slow
+def test_proxy_tasks_in_the_inspector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two proxied tasks, then the inspector in a real browser: the remembered task and the
+    second task that reused it (the screenshot of docs/proxy.md)."""
+    from selenium.webdriver.common.by import By
+
+    from tests.browser import chromium, screenshot_dir, severe_logs, wait
+
+    with proxy_stack(tmp_path, monkeypatch) as (url, _, _, _), chromium() as driver:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+        for question, correct in ((FIRST, True), (SECOND, False)):
+            done = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": question}]
+            )
+            r = api.post("/v1/feedback", json={"completion_id": done.id, "correct": correct})
+            assert r.status_code == 200, r.text
+        api.close()
+        driver.get(f"{url}/ui?token={TOKEN}")  # exchanged for the session cookie
+        wait(
+            driver,
+            lambda d: d.find_element(By.ID, "memories").get_attribute("data-state") == "ready",
+        )
+        assert driver.current_url == f"{url}/ui"
+        driver.find_element(By.CSS_SELECTOR, "#memories tbody tr[data-id='1']").click()
+        wait(driver, lambda d: d.find_element(By.ID, "detail").get_attribute("data-id") == "1")
+        cells = driver.find_elements(By.CSS_SELECTOR, "#detail-history tbody tr td")
+        assert [c.text for c in cells[1:]] == [SECOND, "failed", "proxy", "2"]
+        source = driver.find_element(By.CSS_SELECTOR, "#detail-fields dd[data-field='source']")
+        assert source.text == "proxy"
+        driver.save_screenshot(str(screenshot_dir(tmp_path) / "proxy-inspector.png"))
+        assert severe_logs(driver) == []

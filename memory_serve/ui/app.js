@@ -174,7 +174,7 @@ async function openMemory(id) {
   add("created", when(m.created_at));
   if (d.plan) add("plan", d.plan);
   $("detail-summary").textContent = m.workflow_summary;
-  $("detail-history-title").textContent = `History (${d.uses} uses)`;
+  $("detail-history-title").textContent = `History (${d.uses} use${d.uses === 1 ? "" : "s"})`;
   const body = $("detail-history").tBodies[0];
   body.replaceChildren();
   for (const u of d.history) {
