@@ -52,6 +52,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--runs", metavar="DIR", default=None, help="runs folder of the inspector (ui.runs_dir)"
     )
     add_server_args(parser, default_port=5000, env_prefix="MEMORY_SERVE")
+    from memory_serve.config import MemoryServeConfig
+    from mia.config import add_help_config
+
+    add_help_config(parser, MemoryServeConfig)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_args(argv)
 
