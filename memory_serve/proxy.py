@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from memory_serve.config import ProxyConfig
 from memory_serve.service import MemoryService
@@ -227,50 +227,6 @@ class TaskStore:
                     "WHERE task_id = ?",
                     (json.dumps(result), time.time(), task_id),
                 )
-
-
-# ----------------------------------------------------------------------------- wire models
-
-
-class _ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[Any] | None = None
-
-
-class _ChatRequest(BaseModel):
-    """Only what the proxy reads; the body is forwarded as the client sent it."""
-
-    model_config = ConfigDict(extra="allow")
-    messages: list[_ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    model: str | None = None
-
-
-class FeedbackRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    task_id: str | None = Field(default=None, max_length=200)
-    completion_id: str | None = Field(default=None, max_length=500)
-    correct: bool | None = None
-    judgement: str | None = Field(default=None, max_length=50)
-    feedback: str | None = Field(default=None, max_length=10_000)  # kept with the memory
-
-
-class FeedbackResponse(BaseModel):
-    status: str
-    task_id: str
-    result: S.WriteOutcome
-
-
-class TaskInfo(BaseModel):
-    task_id: str
-    question: str
-    plan: str
-    memory_ids: list[int]
-    turns: int
-    status: str
-    result: S.WriteOutcome | None
-    created_at: float
 
 
 # ----------------------------------------------------------------------------- messages
@@ -468,7 +424,7 @@ class Proxy:
 
     async def chat(self, request: Request, body: dict[str, Any]) -> Response:
         try:
-            parsed = _ChatRequest.model_validate(body)
+            parsed = S.ProxyChatRequest.model_validate(body)
         except ValidationError as err:
             where = ".".join(str(x) for x in err.errors()[0].get("loc", ()))
             raise ApiError(422, f"{where or 'body'}: {err.errors()[0].get('msg')}") from None
@@ -599,7 +555,7 @@ class Proxy:
             media_type=resp.headers.get("content-type", "application/json"),
         )
 
-    async def feedback(self, req: FeedbackRequest) -> FeedbackResponse:
+    async def feedback(self, req: S.FeedbackRequest) -> S.FeedbackResponse:
         if req.correct is None and req.judgement is None:
             raise ApiError(422, "give the outcome: correct (true/false) or judgement")
         if req.task_id:
@@ -636,13 +592,13 @@ class Proxy:
             raise
         outcome = saved.results[0]
         await asyncio.to_thread(self.tasks.finish, task.task_id, outcome.model_dump())
-        return FeedbackResponse(status="recorded", task_id=task.task_id, result=outcome)
+        return S.FeedbackResponse(status="recorded", task_id=task.task_id, result=outcome)
 
-    async def task(self, task_id: str) -> TaskInfo:
+    async def task(self, task_id: str) -> S.TaskInfo:
         task = await asyncio.to_thread(self.tasks.get, task_id)
         if task is None:
             raise ApiError(404, "no such task (unknown, or expired)", "no_such_task")
-        return TaskInfo(
+        return S.TaskInfo(
             task_id=task.task_id,
             question=task.question,
             plan=task.plan,
@@ -674,12 +630,12 @@ def add_proxy(app: FastAPI, service: MemoryService) -> Proxy:
         """The upstream's model list."""
         return await proxy.models(request)
 
-    @app.post("/v1/feedback", response_model=FeedbackResponse, tags=["proxy"])
-    async def feedback(body: FeedbackRequest) -> Any:
+    @app.post("/v1/feedback", response_model=S.FeedbackResponse, tags=["proxy"])
+    async def feedback(body: S.FeedbackRequest) -> Any:
         """The outcome of a task: its conversation is written to memory (once)."""
         return await proxy.feedback(body)
 
-    @app.get("/v1/tasks/{task_id}", response_model=TaskInfo, tags=["proxy"])
+    @app.get("/v1/tasks/{task_id}", response_model=S.TaskInfo, tags=["proxy"])
     async def task(task_id: str) -> Any:
         """A task's question, plan, memories used, turns and status."""
         return await proxy.task(task_id)

@@ -1,4 +1,5 @@
-"""MIA's memory from any agent, in three calls: ``plan``, ``record``, ``search``.
+"""MIA's memory from any agent, in three calls: ``plan``, ``record``, ``search`` (and
+``feedback`` for tasks that went through the proxy).
 
 A thin, synchronous face over :class:`mia.services.memory.MemoryClient` (memory_serve's one
 client) for agents that prefer calls over the OpenAI-compatible proxy (docs/proxy.md)::
@@ -138,6 +139,24 @@ class Client:
         if image_caption:
             item["image_caption"] = image_caption
         out = self.service.save_memories_sync([item])["results"][0]
+        return Recorded(
+            action=out["action"], id=int(out["id"]), credited_ids=list(out["credited_ids"])
+        )
+
+    def feedback(
+        self,
+        task_id: str | None = None,
+        *,
+        correct: bool,
+        completion_id: str | None = None,
+        feedback: str | None = None,
+    ) -> Recorded:
+        """The outcome of a task run through the proxy, named by its ``X-MIA-Task-Id`` header
+        (``task_id``) or a completion's ``id`` (``completion_id``): the proxy writes that
+        conversation to memory, once, crediting the memories its plan came from."""
+        out = self.service.feedback_sync(
+            task_id, completion_id=completion_id, correct=correct, feedback=feedback
+        )["result"]
         return Recorded(
             action=out["action"], id=int(out["id"]), credited_ids=list(out["credited_ids"])
         )

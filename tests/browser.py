@@ -88,9 +88,17 @@ def screenshot_dir(tmp_path: Path) -> Path:
 
 
 def wait(driver: Any, condition: Any, timeout: float = 30.0) -> Any:
+    """Poll ``condition`` until truthy. An element that goes stale mid-check (the page was
+    replaced, e.g. by a form's answer) means "not yet", as a missing one does."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(condition)
+    return WebDriverWait(
+        driver,
+        timeout,
+        poll_frequency=0.05,
+        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+    ).until(condition)
 
 
 def severe_logs(driver: Any) -> list[str]:

@@ -139,7 +139,8 @@ def test_inspector_in_a_real_browser(tmp_path: Path) -> None:
         box = wait(driver, lambda d: d.find_element(By.ID, "login-token"))
         box.send_keys("wrong")
         driver.find_element(By.ID, "login-submit").click()
-        assert wait(driver, lambda d: d.find_element(By.ID, "login-error")).text == "wrong token"
+        # The form's answer replaces the page: wait for the new page's message, not the old one.
+        wait(driver, lambda d: d.find_element(By.ID, "login-error").text == "wrong token")
         driver.find_element(By.ID, "login-token").send_keys(TOKEN)
         driver.find_element(By.ID, "login-submit").click()
         wait_store(driver)

@@ -26,6 +26,7 @@ from mia.http import ServerThread
 from mia.llm.openai_backend import OpenAIChat
 from mia.memory import Client
 from mia.prompts.planner import PLANNER_SYSTEM_PROMPT
+from mia.services import ServiceError
 from mia.trace import content_text
 from tests.fake_openai import FakeOpenAI
 
@@ -264,6 +265,20 @@ def test_proxy_without_a_planner_injects_memories_and_survives_planner_failure(
         block = api.post("/memory", json={"question": SECOND}).json()["context"]
         assert user_text(up.bodies[-1]) == f"{SECOND}\n\n{block}"
         api.close()
+        # The outcome through mia.memory.Client (the shared wire models of mia.services.memory).
+        task_id = raw.headers["x-mia-task-id"]
+        with Client(url, token=TOKEN) as mem:
+            rec = mem.feedback(task_id, correct=True, feedback="checked by hand")
+            assert (rec.action, rec.id, rec.credited_ids) == ("inserted", 2, [1])
+            info = mem.service.task_sync(task_id)
+            assert (info["status"], info["memory_ids"], info["result"]["id"]) == (
+                "recorded",
+                [1],
+                2,
+            )
+            with pytest.raises(ServiceError) as err:
+                mem.feedback(task_id, correct=False)
+            assert err.value.status == 409 and "already recorded" in str(err.value)
     # The Planner LLM down: the task is still forwarded, without a plan (on_plan_error=forward).
     with proxy_stack(tmp_path / "b", monkeypatch) as (url, _, up, service):
         service.manager.base_url = service.planner.base_url = "http://127.0.0.1:9/v1"  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -317,6 +317,48 @@ class RunDetail(RunInfo):
     rows: list[dict[str, Any]]  # ttrl: one per batch; eval: one per policy
 
 
+# ---- the OpenAI-compatible proxy (``memory_serve --proxy``; docs/proxy.md)
+
+
+class ProxyChatRequest(BaseModel):
+    """What the proxy reads of ``/v1/chat/completions``; the body goes upstream as sent."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    model: str | None = None
+
+
+class FeedbackRequest(BaseModel):
+    """``POST /v1/feedback``: a task's outcome (``correct`` or a ``judgement``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    task_id: str | None = Field(default=None, max_length=200)  # the X-MIA-Task-Id header
+    completion_id: str | None = Field(default=None, max_length=500)  # or a completion's id
+    correct: bool | None = None
+    judgement: str | None = Field(default=None, max_length=50)
+    feedback: str | None = Field(default=None, max_length=10_000)  # kept with the memory
+
+
+class FeedbackResponse(BaseModel):
+    status: str
+    task_id: str
+    result: WriteOutcome
+
+
+class TaskInfo(BaseModel):
+    """``GET /v1/tasks/{id}``: a proxied task and what became of it."""
+
+    task_id: str
+    question: str
+    plan: str
+    memory_ids: list[int]
+    turns: int
+    status: str  # open | recording | recorded
+    result: WriteOutcome | None
+    created_at: float
+
+
 class RolloutItem(_TrajectoryFields):
     """One TTRL rollout for ``/memory_bank_save``."""
 
@@ -478,6 +520,38 @@ class MemoryClient(ServiceClient):
     def memory_detail_sync(self, memory_id: int, history: int = 200) -> dict[str, Any]:
         """``GET /memories/{id}``: the memory and the trajectories that used it."""
         return self.get_sync(f"/memories/{int(memory_id)}?history={int(history)}")
+
+    def runs_sync(self) -> dict[str, Any]:
+        """``GET /runs``: TTRL and eval runs under the service's runs folder."""
+        return self.get_sync("/runs")
+
+    def run_sync(self, run_id: str) -> dict[str, Any]:
+        """``GET /runs/detail``: one run's rows (per batch or per policy)."""
+        return self.get_sync(f"/runs/detail?{urlencode({'id': run_id})}")
+
+    def feedback_sync(
+        self,
+        task_id: str | None = None,
+        *,
+        completion_id: str | None = None,
+        correct: bool | None = None,
+        judgement: str | None = None,
+        feedback: str | None = None,
+    ) -> dict[str, Any]:
+        """``POST /v1/feedback`` (proxy): the outcome of a proxied task -> ``{status, task_id,
+        result}``; the task's conversation is written to memory."""
+        body = FeedbackRequest(
+            task_id=task_id,
+            completion_id=completion_id,
+            correct=correct,
+            judgement=judgement,
+            feedback=feedback,
+        )
+        return self.post_sync("/v1/feedback", body.model_dump(exclude_none=True))
+
+    def task_sync(self, task_id: str) -> dict[str, Any]:
+        """``GET /v1/tasks/{id}`` (proxy): a task's plan, memories, turns and status."""
+        return self.get_sync(f"/v1/tasks/{quote(task_id, safe='')}")
 
     async def judge_replan(
         self, workflow: str, past_messages: Sequence[Mapping[str, Any]], memory_ids: Sequence[int]
