@@ -5,6 +5,9 @@ Examples::
     python -m memory_serve                                   # embedded default, 127.0.0.1:5000
     python -m memory_serve llm.config=vllm store.retrieval.top_k=3   # Manager/Planner on vLLM
     python -m memory_serve --port 0 --port-file /tmp/p compress.mode=identity llm.enabled=false
+    python -m memory_serve --proxy http://127.0.0.1:8000/v1   # + OpenAI-compatible memory proxy
+
+The memory inspector is at ``/ui`` (docs/inspector.md); the proxy is docs/proxy.md.
 """
 
 from __future__ import annotations

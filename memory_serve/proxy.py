@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from memory_serve.config import ProxyConfig
 from memory_serve.service import MemoryService
@@ -614,13 +614,39 @@ def tasks_path(cfg: ProxyConfig, db_path: Path) -> Path:
     return Path(cfg.tasks_db) if cfg.tasks_db else db_path.with_name(f"{db_path.stem}-proxy.sqlite")
 
 
+def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` inlined, for a route that reads the raw body
+    (it forwards it as sent) but should still document, and be fuzzed with, the real shape."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
 def add_proxy(app: FastAPI, service: MemoryService) -> Proxy:
     cfg = service.cfg.proxy
     tasks = TaskStore(tasks_path(cfg, service.store.db_path), cfg.task_ttl_s)
     proxy = Proxy(cfg, service, tasks)
     app.state.proxy = proxy
 
-    @app.post("/v1/chat/completions", tags=["proxy"])
+    chat_body = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _inline_schema(S.ProxyChatRequest)}},
+        }
+    }
+
+    @app.post("/v1/chat/completions", tags=["proxy"], openapi_extra=chat_body)
     async def chat_completions(request: Request, body: dict[str, Any] = Body(...)) -> Response:
         """OpenAI-compatible chat: a new task is planned from memory, then forwarded upstream."""
         return await proxy.chat(request, body)
