@@ -57,8 +57,12 @@ def build_app(
         tags=["retrieval"],
     )
     async def memory(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
-        """Retrieve positive and negative workflows -> ``{context, positive_ids, negative_ids}``;
-        with ``explain: true`` also every retrieved memory's similarity, normalised similarity,
+        """Retrieve positive and negative workflows.
+
+        ``{"question": "Who?", "image_caption": ["a face"], "mem_top_k": 2}`` ->
+        ``{context, positive_ids, negative_ids, pos_indices, neg_indices, prompt, indices}``
+        (``prompt`` = ``context`` and ``indices`` = both sides' ids, for the TTRL driver); with
+        ``explain: true`` also every retrieved memory's similarity, normalised similarity,
         win-rate and score (the numbers that ranked it)."""
         return await _each(body, service.memory)
 
@@ -70,19 +74,30 @@ def build_app(
             return await _each(body, service.plan)
 
         @app.post(
+            "/best_plan",
+            response_model=list[S.BestPlanResponse] | S.BestPlanResponse,
+            tags=["planner"],
+        )
+        async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+            """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
+            return await _each(body, service.best_plan)
+
+        @app.post(
             "/judge_replan",
             response_model=list[S.JudgeReplanResponse] | S.JudgeReplanResponse,
             tags=["planner"],
         )
         async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
-            """Reflect on the Executor's trace: replan yes/no."""
+            """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
+            decision, messages, planner}``."""
             return await _each(body, service.judge_replan)
 
         @app.post(
             "/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse, tags=["planner"]
         )
         async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
-            """A supplementary plan (<= 200 words) continuing the planner conversation."""
+            """A supplementary plan (<= 200 words) continuing the planner conversation ->
+            ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
             return await _each(body, service.replan)
 
         @app.post("/replan_train", response_model=S.ReplanTrainResponse, tags=["planner"])

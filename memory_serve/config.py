@@ -129,6 +129,8 @@ class PlannerConfig:
         True, "fewer than top_k positives or negatives found: the manager LLM plans"
     )
     replan_top_k: int = option(1, "memories retrieved for /replan")
+    best_plan_samples: int = option(4, "/best_plan: plans sampled, one then picked by the manager")
+    best_plan_temperature: float = option(1.0, "/best_plan: sampling temperature of the plans")
     replan_include_memory: bool = option(
         False, "memories in the replan prompt (the reference had the slot disabled)"
     )

@@ -9,6 +9,7 @@ any write).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -294,12 +295,15 @@ class MemoryService:
                 positives=[_scored(i, m) for i, m in enumerate(r.positives, 1)],
                 negatives=[_scored(i, m) for i, m in enumerate(r.negatives, 1)],
             )
+        context = format_context(r)
         return S.MemoryResponse(
-            context=format_context(r),
+            context=context,
             positive_ids=r.positive_ids,
             negative_ids=r.negative_ids,
             pos_indices=r.positive_ids,
             neg_indices=r.negative_ids,
+            prompt=context,
+            indices=r.positive_ids + r.negative_ids,
             # Set only when asked: the route leaves unset fields out (the reference's payload).
             **({"explain": explain} if explain is not None else {}),
         )
@@ -324,6 +328,52 @@ class MemoryService:
             planner=who,  # type: ignore[arg-type]
         )
 
+    async def best_plan(self, q: S.MemoryQuery) -> S.BestPlanResponse:
+        """Sample several plans (T=1 by default), let the manager LLM pick one (§3.1)."""
+        p = self.cfg.planner
+        k = self._k(q)
+        r, modality = await self._retrieve(q, k)
+        context = format_context(r)
+        messages = plan_messages(context, q.question, image=modality == TEXT_IMAGE)
+        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
+        if backend is None:
+            raise ApiError(503, "no LLM configured for this route", "llm_unavailable")
+        params = sampling(backend, temperature=p.best_plan_temperature, max_tokens=p.max_tokens)
+        params = dataclasses.replace(params or SamplingParams(), seed=None)
+
+        async def one() -> tuple[str, str]:
+            for _ in range(1 + p.empty_retries):
+                text = (await self._chat(backend, messages, params)).text
+                plan = _non_empty(text)
+                if plan is not None:
+                    return text, plan
+            raise ApiError(502, f"the {who} LLM gave no plan", "llm_empty")
+
+        drafts = await gather_all([one() for _ in range(p.best_plan_samples)])
+        plans = [plan for _, plan in drafts]
+        prompt = choose_plan_prompt(q.question, context, plans)
+        _, pick = await self._ask(
+            self.manager,
+            "manager",
+            [{"role": "user", "content": prompt}],
+            f"plan number (1 to {len(plans)})",
+            lambda text: ttrl.parse_choice(text, len(plans)),
+        )
+        messages.append({"role": "assistant", "content": drafts[pick][0]})
+        return S.BestPlanResponse(
+            plan=plans[pick],
+            messages=messages,
+            memory_ids=r.positive_ids + r.negative_ids,
+            positive_ids=r.positive_ids,
+            negative_ids=r.negative_ids,
+            pos_indices=r.positive_ids,
+            neg_indices=r.negative_ids,
+            context=context,
+            planner=who,  # type: ignore[arg-type]
+            selected_plan_number=str(pick + 1),
+            all_plans=plans,
+        )
+
     async def judge_replan(self, req: S.JudgeReplanRequest) -> S.JudgeReplanResponse:
         messages = judge_messages(S.dump_messages(req.past_messages), req.workflow)
         # As /plan: a question planned on a cold start is also judged by the manager.
@@ -334,24 +384,37 @@ class MemoryService:
         )
         messages.append({"role": "assistant", "content": text})
         return S.JudgeReplanResponse(
-            need_replan=need,
+            need_replan="yes" if need else "no",
+            replan_needed=need,
             decision="yes" if need else "no",
             messages=messages,
             planner=who,  # type: ignore[arg-type]
         )
 
     async def replan(self, req: S.ReplanRequest) -> S.ReplanResponse:
+        # The reference's rule (docs/reference.md §3.1): retrieve ``top_k + pass_num`` of each
+        # side from the top, and plan with the manager LLM when either side has fewer. Its
+        # driver sends mem_top_k=0, pass_num=2: two of each, so a young store is a cold start.
         k = self._k(req, self.cfg.planner.replan_top_k)
-        r, _ = await self._retrieve(req, k)
-        memory = format_context(r) if self.cfg.planner.replan_include_memory else None
+        n = k + req.pass_num
+        r, _ = await self._retrieve(req.model_copy(update={"pass_num": 0}), n)
+        memory = None
+        if self.cfg.planner.replan_include_memory:  # positions [pass_num, pass_num + k)
+            skip = req.pass_num
+            memory = format_context(
+                Retrieval(r.positives[skip : skip + k], r.negatives[skip : skip + k])
+            )
         messages = replan_messages(S.dump_messages(req.past_messages), req.question, memory)
-        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
+        backend, who = self._pick(len(r.positives) < n or len(r.negatives) < n)
         text, replan = await self._ask(backend, who, messages, "revised plan", _non_empty)
         messages.append({"role": "assistant", "content": text})
         return S.ReplanResponse(
             replan=replan,
             messages=messages,
             planner=who,  # type: ignore[arg-type]
+            pos_indices=[],
+            neg_indices=[],
+            memory_ids=r.positive_ids + r.negative_ids,
         )
 
     async def replan_train(self, req: S.ReplanTrainRequest) -> S.ReplanTrainResponse:

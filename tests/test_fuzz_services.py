@@ -150,7 +150,7 @@ def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> N
             seen = fuzz(url, "memory_serve")
     finally:
         store.close()
-    routes = "memory plan judge_replan replan replan_train memories batch_memory_save "
+    routes = "memory plan best_plan judge_replan replan replan_train memories batch_memory_save "
     routes += "memories/find memory_bank_save consolidate_memories batch_evaluate save_memory "
     routes += "load_memory clear_memory"
     gets = {"GET /stats", "GET /health", "GET /memories", "GET /memories/{memory_id}"}

@@ -4,6 +4,12 @@ service (``memory_serve``) and its client, :class:`MemoryClient`.
 Field names follow docs/memory_serve.md; the reference's names are accepted as aliases
 (``used_memory_indices``, ``memory_indices``, ``temp_messages``, ``save_path``, ...) so its
 scripts can talk to this service. Batch routes take one object or a JSON list of them.
+
+Where an answer carries a reference field name, it has the reference's type and meaning
+(docs/reference.md §3.1, §3.2): ``need_replan`` is ``"yes"``/``"no"`` text (the boolean is
+``replan_needed``), ``/memory`` also answers the TTRL driver's ``prompt`` and ``indices``, and
+``/replan``'s ``pos_indices``/``neg_indices`` are always empty, as there. Our typed extras
+(``positive_ids``, ``planner``, ...) sit beside them under their own names.
 """
 
 from __future__ import annotations
@@ -116,9 +122,12 @@ class MemoryResponse(BaseModel):
     context: str
     positive_ids: list[int]
     negative_ids: list[int]
-    # Reference names of the same ids.
+    # Reference names of the same ids (§3.1).
     pos_indices: list[int]
     neg_indices: list[int]
+    # The TTRL driver's names (§3.2): the memory text and the union of both sides' ids.
+    prompt: str
+    indices: list[int]
     explain: RetrievalExplain | None = None  # only when asked (absent otherwise)
 
 
@@ -142,8 +151,16 @@ class JudgeReplanRequest(_Request):
     )
 
 
+class BestPlanResponse(PlanResponse):
+    """``/best_plan``: several sampled plans, one picked by the manager LLM."""
+
+    selected_plan_number: str  # "1".."n", the reference's JSON-schema enum value
+    all_plans: list[str]
+
+
 class JudgeReplanResponse(BaseModel):
-    need_replan: bool
+    need_replan: Literal["yes", "no"]  # the reference's text
+    replan_needed: bool  # the same decision as a boolean
     decision: Literal["yes", "no"]
     messages: list[dict[str, Any]]
     planner: Literal["manager", "planner"]
@@ -157,6 +174,9 @@ class ReplanResponse(BaseModel):
     replan: str
     messages: list[dict[str, Any]]
     planner: Literal["manager", "planner"]
+    pos_indices: list[int]  # always [] (the reference's replan prompt holds no memories)
+    neg_indices: list[int]  # always []
+    memory_ids: list[int]  # what the cold-start decision looked at (ours)
 
 
 class ReplanTrainRequest(_Request):
