@@ -131,6 +131,9 @@ class Retrieval:
     positives: tuple[ScoredMemory, ...]
     negatives: tuple[ScoredMemory, ...]
     bucket_size: int = 0
+    # The bucket's raw similarity range (the min-max normalisation's); None: nothing scored.
+    similarity_min: float | None = None
+    similarity_max: float | None = None
 
     @property
     def positive_ids(self) -> list[int]:

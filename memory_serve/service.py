@@ -32,9 +32,11 @@ from memory_serve.persist import (
 from memory_serve.records import (
     CORRECT,
     TEXT_IMAGE,
+    MemoryRecord,
     NewMemory,
     Retrieval,
     Rollout,
+    ScoredMemory,
     WriteResult,
     modality_of,
     normalise_caption,
@@ -126,6 +128,41 @@ def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcom
     )
 
 
+def _scored(rank: int, m: ScoredMemory) -> S.ScoredMemory:
+    rec = m.record
+    return S.ScoredMemory(
+        rank=rank,
+        id=rec.id,
+        question=rec.question,
+        workflow_summary=rec.workflow_summary,
+        judgement=rec.judgement,
+        usage_count=rec.usage_count,
+        success_count=rec.success_count,
+        similarity=m.similarity,
+        normalised=m.normalised,
+        win_rate=rec.win_rate,
+        score=m.score,
+    )
+
+
+def _row(rec: MemoryRecord) -> S.MemoryRow:
+    return S.MemoryRow(
+        id=rec.id,
+        data_id=rec.data_id,
+        question=rec.question,
+        image_caption=rec.image_caption,
+        workflow_summary=rec.workflow_summary,
+        judgement=rec.judgement,
+        usage_count=rec.usage_count,
+        success_count=rec.success_count,
+        win_rate=rec.win_rate,
+        modality=rec.modality,
+        category=rec.category,
+        created_at=rec.created_at,
+        source=rec.source,
+    )
+
+
 class MemoryService:
     def __init__(
         self,
@@ -206,6 +243,11 @@ class MemoryService:
 
     async def _retrieve(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str]:
         """The query's memories and its modality."""
+        found, _, modality, _ = await self._retrieve_where(q, k)
+        return found, modality
+
+    async def _retrieve_where(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str, str, str]:
+        """The query's memories, caption, modality and category."""
         caption, modality, category = await self._where(q)
         found = await asyncio.to_thread(
             self.store.retrieve,
@@ -217,7 +259,7 @@ class MemoryService:
             pass_num=q.pass_num,
             min_similarity=q.min_similarity,
         )
-        return found, modality
+        return found, caption, modality, category
 
     def _k(self, q: S.MemoryQuery, default: int | None = None) -> int:
         if q.mem_top_k is not None:
@@ -231,7 +273,28 @@ class MemoryService:
     # ------------------------------------------------------------------ retrieval / planning
 
     async def memory(self, q: S.MemoryQuery) -> S.MemoryResponse:
-        r, _ = await self._retrieve(q, self._k(q))
+        k = self._k(q)
+        r, caption, modality, category = await self._retrieve_where(q, k)
+        explain = None
+        if q.explain:
+            rc = self.cfg.store.retrieval
+            explain = S.RetrievalExplain(
+                modality=modality,
+                category=category,
+                bucket_size=r.bucket_size,
+                similarity_min=r.similarity_min,
+                similarity_max=r.similarity_max,
+                caption_used=bool(caption),
+                question_weight=rc.question_weight,
+                caption_weight=rc.caption_weight,
+                similarity_weight=rc.similarity_weight,
+                win_rate_weight=rc.win_rate_weight,
+                min_similarity=rc.min_similarity if q.min_similarity is None else q.min_similarity,
+                top_k=k,
+                pass_num=q.pass_num,
+                positives=[_scored(i, m) for i, m in enumerate(r.positives, 1)],
+                negatives=[_scored(i, m) for i, m in enumerate(r.negatives, 1)],
+            )
         context = format_context(r)
         return S.MemoryResponse(
             context=context,
@@ -241,6 +304,8 @@ class MemoryService:
             neg_indices=r.negative_ids,
             prompt=context,
             indices=r.positive_ids + r.negative_ids,
+            # Set only when asked: the route leaves unset fields out (the reference's payload).
+            **({"explain": explain} if explain is not None else {}),
         )
 
     async def plan(self, q: S.MemoryQuery) -> S.PlanResponse:
@@ -464,6 +529,55 @@ class MemoryService:
                 for r in records
                 if r.data_id in wanted and (req.source is None or r.source == req.source)
             ]
+        )
+
+    # ------------------------------------------------------------------ inspection
+
+    async def list_memories(
+        self,
+        *,
+        offset: int,
+        limit: int,
+        query: str,
+        judgement: str | None,
+        bucket: str | None,
+        source: str | None,
+        sort: str,
+    ) -> S.MemoryPage:
+        modality = category = None
+        if bucket:
+            modality, _, category = bucket.partition("/")
+            if modality not in S.MODALITIES or category not in S.CATEGORIES:
+                raise ApiError(422, f"bucket must be <modality>/<category>, got {bucket[:100]!r}")
+        try:
+            total, recs = await asyncio.to_thread(
+                self.store.page,
+                offset=offset,
+                limit=limit,
+                query=query,
+                judgement=judgement,
+                modality=modality,
+                category=category,
+                source=source,
+                sort=sort,
+            )
+        except MiaError as err:
+            raise ApiError(422, str(err)) from None
+        return S.MemoryPage(
+            total=total, offset=offset, limit=limit, memories=[_row(r) for r in recs]
+        )
+
+    async def memory_detail(self, memory_id: int, history: int) -> S.MemoryDetail:
+        rec = self.store.get(memory_id)
+        if rec is None:
+            raise ApiError(404, f"no memory {memory_id}", "no_such_memory")
+        uses, rows = await asyncio.to_thread(self.store.history, memory_id, limit=history)
+        return S.MemoryDetail(
+            memory=_row(rec),
+            plan=rec.plan,
+            extra=rec.extra,
+            uses=uses,
+            history=[S.MemoryUse(**u) for u in rows],
         )
 
     # ------------------------------------------------------------------ TTRL
