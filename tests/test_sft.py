@@ -268,7 +268,7 @@ def test_lora_sft_exports_merged_weights(world: Any, tmp_path: Path) -> None:
             "val": [str(world.root / "test.jsonl")],
             "max_length": MAX_LEN,
         },
-        "policy": {"lora": {"rank": 8, "alpha": 16}, "optim": {"lr": 1e-2}},
+        "policy": {"lora": {"rank": 8, "alpha": 16}, "optim": {"lr": 3e-3}},
         "logging": {"console": False},
     }
     result = train_sft(cfg)
