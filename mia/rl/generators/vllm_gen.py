@@ -272,7 +272,8 @@ class VLLMGenerator:
                 f"{self.max_context}-token context"
             )
         p = clean_params(params, self.name)
-        job = _Job(prompt_ids=ids, params=self._vllm_params(p), version=-1, images=images)
+        engine_ids = ids if images is None else self._collapse_image_pads(ids, len(images))
+        job = _Job(prompt_ids=engine_ids, params=self._vllm_params(p), version=-1, images=images)
         self._queue.put(job)
         fut = asyncio.wrap_future(job.future)
         try:
@@ -598,10 +599,27 @@ class VLLMGenerator:
             return
         ctl.future.set_result(result)
 
+    def _collapse_image_pads(self, ids: list[int], n_images: int) -> list[int]:
+        """One ``<|image_pad|>`` per image: vLLM's Qwen2-VL processor always expands each pad to
+        the image's patch count itself, so pads that arrive expanded (as token-mode rollouts
+        and the trainer hold them) are collapsed first; vLLM re-expands them to the same ids."""
+        pad = int(self.hf_config.image_token_id)
+        out: list[int] = []
+        runs = 0
+        for i, t in enumerate(ids):
+            if t == pad and i > 0 and ids[i - 1] == pad:
+                continue
+            runs += t == pad
+            out.append(t)
+        if runs != n_images:
+            raise LLMError(
+                f"{self.name}: the prompt has {runs} run(s) of image pads for {n_images} image(s)"
+            )
+        return out
+
     def _images(self, multimodal: dict[str, Any]) -> list[Any]:
         """The PIL images of a request. vLLM runs its own Qwen2.5-VL processor on them (with
-        the folder's preprocessor_config.json, the numerics of :mod:`mia.vision`); the prompt
-        may hold the image pads already expanded, as token-mode rollouts send them."""
+        the folder's preprocessor_config.json, the numerics of :mod:`mia.vision`)."""
         images = multimodal.get("images")
         unknown = sorted(set(multimodal) - {"images", "pixel_values", "image_grid_thw"})
         if unknown:
