@@ -1,6 +1,7 @@
 """``python -m executor_train``: Executor GRPO as a configuration of the engine.
 
-``build_trainer(cfg)`` turns a composed ``configs/executor_train`` config into a
+``build_trainer(cfg)`` turns an :class:`~executor_train.config.ExecutorTrainConfig` (or a
+composed ``configs/executor_train`` mapping, validated into one) into a
 :class:`mia.rl.trainer.Trainer` over :class:`~executor_train.episode.ExecutorEpisode` and
 :class:`~executor_train.episode.ExecutorReward`; ``run(cfg)`` trains it.
 """
@@ -10,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from executor_train.config import ExecutorTrainConfig
 from executor_train.episode import ExecutorEpisode, ExecutorReward
-from mia.agent import load_agent_config
 from mia.errors import MiaError
 from mia.roles.common import (
     build_judge,
     memory_client,
     resolve_model,
+    role_config,
     role_main,
     trainer_section,
 )
@@ -24,44 +26,41 @@ from mia.roles.samples import load_samples
 
 
 def build_trainer(
-    cfg: Mapping[str, Any], *, generator: Any = None, judge: Any = None, tools: Any = None
+    cfg: ExecutorTrainConfig | Mapping[str, Any],
+    *,
+    generator: Any = None,
+    judge: Any = None,
+    tools: Any = None,
 ) -> Any:
     """A ready-to-fit Trainer. ``generator`` / ``judge`` / ``tools`` replace what the config
     would build (tests, embedding in other programs)."""
     from mia.rl.trainer import Trainer
 
-    data = dict(cfg.get("data") or {})
-    if not data.get("train"):
+    cfg = role_config(ExecutorTrainConfig, cfg, "executor_train")
+    data = cfg.data
+    if not data.train:
         raise MiaError("set data.train=FILE (reference parquet, JSON or JSONL)")
-    text_only = bool(data.get("text_only", True))
-    train = load_samples(data["train"], text_only=text_only, limit=data.get("limit"))
+    train = load_samples(data.train, text_only=data.text_only, limit=data.limit)
     val = (
-        load_samples(data["val"], text_only=text_only, limit=data.get("val_limit"))
-        if data.get("val")
-        else None
+        load_samples(data.val, text_only=data.text_only, limit=data.val_limit) if data.val else None
     )
-    services = dict(cfg.get("services") or {})
-    judge = (
-        judge if judge is not None else build_judge(cfg.get("judge"), cfg.get("llm", "embedded"))
-    )
-    agent = load_agent_config(dict(cfg.get("agent") or {}))
+    judge = judge if judge is not None else build_judge(cfg.judge, cfg.llm)
     episode = ExecutorEpisode(
         tools,
-        agent,
+        cfg.agent,
         judge=judge,
-        memory=memory_client(services),
-        reward_cfg=cfg.get("reward"),
-        replan=bool(cfg.get("replan", True)),
-        missing_plan=str(cfg.get("missing_plan", "plan")),
-        chat_template_kwargs=cfg.get("chat_template_kwargs") or None,
+        memory=memory_client(cfg.services),
+        reward_cfg=cfg.reward,
+        replan=cfg.replan,
+        missing_plan=cfg.missing_plan,
+        chat_template_kwargs=cfg.chat_template_kwargs or None,
     )
-    reward = ExecutorReward(judge, cfg.get("reward"))
-    model = resolve_model(str(cfg.get("model_path", "")))
-    section = trainer_section(cfg, model)
+    reward = ExecutorReward(judge, cfg.reward)
+    section = trainer_section(cfg, resolve_model(cfg.model_path))
     return Trainer(section, episode, reward, train, val_dataset=val, generator=generator)
 
 
-def run(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+def run(cfg: ExecutorTrainConfig | Mapping[str, Any]) -> list[dict[str, Any]]:
     trainer = build_trainer(cfg)
     history = trainer.fit()
     print(
@@ -81,4 +80,5 @@ def main(argv: list[str] | None = None) -> None:
         run,
         argv,
         sft_config="executor",
+        schema=ExecutorTrainConfig,
     )

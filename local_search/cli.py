@@ -8,10 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+from mia.config import add_help_config, help_config
 from mia.errors import MiaError
 from mia.http import add_server_args
 
-from .config import FAISS_TYPES, METHODS, load_config
+from .config import FAISS_TYPES, METHODS, LocalSearchConfig, load_config
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -36,6 +37,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k1", type=float, default=None, help="bm25: k1")
     p.add_argument("--b", type=float, default=None, help="bm25: b")
     p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
+    add_help_config(p, LocalSearchConfig)
     return p
 
 
@@ -94,6 +96,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", default=None, help="YAML (configs/local_search/default.yaml)")
     add_server_args(p, default_port=8001, env_prefix="LOCAL_SEARCH")
+    add_help_config(p, LocalSearchConfig)
     return p
 
 
@@ -181,9 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(
-            "usage: python -m local_search {build,serve,verify} [options]  (-h after one for help)"
+            "usage: python -m local_search {build,serve,verify} [options]  (-h after one for "
+            "help; --help-config lists the --config keys)"
         )
         raise SystemExit(0 if argv else 2)
+    if argv[0] == "--help-config":
+        print(help_config(LocalSearchConfig))
+        raise SystemExit(0)
     if argv[0] not in _COMMANDS:
         raise MiaError(f"unknown command {argv[0]!r} (use build, serve or verify)")
     _COMMANDS[argv[0]](argv[1:])

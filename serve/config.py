@@ -1,39 +1,56 @@
-"""Tunables of the Executor service; defaults mirror ``configs/serve/default.yaml``."""
+"""The Executor service's config schema (``python -m serve --help-config`` lists every key).
+
+Every default lives here; ``configs/serve/*.yaml`` hold only what differs (``vllm.yaml``: the
+Executor on a vLLM server). Loaded with :func:`mia.config.load_config`.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from mia.agent.config import AgentConfig
+from mia.config import from_dict, load_dict, merge, option, section
 from mia.errors import MiaError
+from mia.llm.config import LLMConfig
 
 
-def default_llm() -> dict[str, Any]:
-    # The embedded default model, in-process; see configs/llm/ for the other fields.
-    return {
-        "backend": "local",
-        "model_path": "embedded",
-        "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 512, "presence_penalty": 1.1},
-    }
+def default_llm() -> LLMConfig:
+    """The embedded default model, in-process, with the Executor's sampling."""
+    return LLMConfig(
+        backend="local",
+        model_path="embedded",
+        sampling={"temperature": 0.0, "top_p": 1.0, "max_tokens": 512, "presence_penalty": 1.1},
+    )
 
 
 @dataclass
 class ServeConfig:
-    llm: dict[str, Any] = field(default_factory=default_llm)  # mia.llm.LLMConfig fields
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    max_concurrency: int = 8  # Executor runs at once; more requests wait
-    chars_per_token: float = 3.0  # context estimate when the LLM does not count tokens
-    image_tokens: int = 256  # context estimate per image
+    """The Executor service (``python -m serve``)."""
+
+    llm: LLMConfig = section(
+        default_llm,
+        "the Executor LLM (mia.llm.LLMConfig; configs/llm/ shows the fields): by default the "
+        "embedded SmolLM2-135M-Instruct in-process; llm.backend=openai llm.base_url=URL for vLLM",
+    )
+    agent: AgentConfig = section(
+        AgentConfig,
+        "the Executor loop (configs/agent/ keys), e.g. agent.tools.search.params.url=URL or "
+        "agent.tools.web_image_to_image_search.params.cache_roots=[/data/cache]",
+    )
+    max_concurrency: int = option(8, "Executor runs at once; further requests wait")
+    chars_per_token: float = option(
+        3.0, "context estimate when the LLM does not report token counts"
+    )
+    image_tokens: int = option(256, "context estimate per image")
 
     def validate(self) -> ServeConfig:
         if self.max_concurrency < 1:
             raise MiaError("serve config: max_concurrency must be >= 1")
         if self.chars_per_token <= 0 or self.image_tokens < 0:
             raise MiaError("serve config: chars_per_token must be > 0 and image_tokens >= 0")
+        self.llm.validate("serve config: llm")
         self.agent.validate()
         return self
 
@@ -43,26 +60,9 @@ def load_serve_config(
     overrides: Sequence[str] = (),
     agent_path: str | os.PathLike[str] | None = None,
 ) -> ServeConfig:
-    """Defaults <- YAML file <- ``agent_path`` (into ``agent``) <- ``key=value`` overrides."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    for p in (path, agent_path):
-        if p is not None and not Path(p).is_file():
-            raise MiaError(f"config file not found: {p}")
-    try:
-        merged = OmegaConf.structured(ServeConfig)
-        if path is not None:
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
-        if agent_path is not None:
-            merged = OmegaConf.merge(merged, {"agent": OmegaConf.load(agent_path)})
-        bad = [o for o in overrides if "=" not in o]
-        if bad:
-            raise MiaError(f"overrides must look like key=value, got {bad}")
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
-        cfg = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad serve config: {str(err).splitlines()[0]}") from None
-    assert isinstance(cfg, ServeConfig)
-    return cfg.validate()
+    """Defaults <- YAML ``path`` (a file or a name in configs/serve/) <- ``agent_path`` (a file
+    or a name in configs/agent/, into ``agent``) <- ``key=value`` overrides."""
+    data = load_dict(path, group="serve")
+    if agent_path is not None:
+        data["agent"] = merge(data.get("agent"), load_dict(agent_path, group="agent"))
+    return from_dict(ServeConfig, load_dict(data, overrides), "serve config")

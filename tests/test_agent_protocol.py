@@ -332,8 +332,10 @@ def test_agent_config_yaml_mirrors_the_defaults() -> None:
     assert (
         web.tools["web_image_to_image_search"] == AgentConfig().tools["web_image_to_image_search"]
     )
-    train = load_agent_config(ROOT / "configs/agent/train.yaml", ["max_turns=4"])
-    assert (train.max_turns, train.sampling["temperature"]) == (4, 1.0)
+    web4 = load_agent_config(ROOT / "configs/agent/web.yaml", ["max_turns=4"])
+    assert (web4.max_turns, web4.tools["search"]["params"]["topk"]) == (4, 5)
+    named = load_agent_config("web", ["sampling.temperature=1.0"])  # a name in configs/agent/
+    assert named.tools == web.tools and named.sampling == {"temperature": 1.0}
     with pytest.raises(MiaError, match="max_turns must be >= 1"):
         load_agent_config(overrides=["max_turns=0"])
     with pytest.raises(MiaError, match="unknown sampling key"):

@@ -125,7 +125,7 @@ def test_policy_config_yaml_mirrors_dataclass_defaults() -> None:
 
     data = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "rl" / "policy.yaml"))
     assert PolicyConfig.from_dict(data) == PolicyConfig()
-    with pytest.raises(MiaError, match="unknown LossConfig option"):
+    with pytest.raises(MiaError, match="unknown key"):
         PolicyConfig.from_dict({"loss": {"clip": 0.2}})
 
 

@@ -22,6 +22,7 @@ from role_fixtures import (
     scores_by_question,
 )
 
+from executor_train.config import load_config
 from executor_train.train import build_trainer
 from local_search import ServeConfig, build_index, open_index
 from local_search.server import create_search_app
@@ -31,7 +32,6 @@ from mia.llm.scripted import ScriptedChat
 from mia.planner.prompts import replan_train_messages
 from mia.prompts import planner as PP
 from mia.rl.trainer import Trainer
-from mia.roles.common import compose_role
 from mia.roles.samples import load_samples
 
 GOLD = {
@@ -133,8 +133,7 @@ def test_one_executor_grpo_step_through_real_services(tmp_path: Path, search_url
     with memory_service(
         tmp_path / "mem.sqlite", planner=planner, overrides=("planner.cold_start=false",)
     ) as (memory_url, _):
-        cfg = compose_role(
-            "executor_train",
+        cfg = load_config(
             "default",
             [
                 f"model_path={model}",

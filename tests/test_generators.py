@@ -345,7 +345,7 @@ def test_config_yaml_mirrors_dataclass_and_factory(tiny: Tiny) -> None:
     yaml = Path(__file__).resolve().parents[1] / "configs" / "rl" / "generator.yaml"
     raw = OmegaConf.to_container(OmegaConf.load(yaml))
     assert GeneratorConfig.from_dict(raw) == GeneratorConfig()
-    with pytest.raises(GeneratorError, match="unknown generator option"):
+    with pytest.raises(GeneratorError, match="unknown key"):
         GeneratorConfig.from_dict({"backend": "transformers", "batch": 3})
     with pytest.raises(GeneratorError, match="backend must be one of"):
         GeneratorConfig.from_dict({"backend": "sglang"})

@@ -361,7 +361,7 @@ def test_config_defaults_mirror_embedded_yaml() -> None:
     [
         ({"roles": {"judge": {"backend": "gpt"}}}, "backend must be one of"),
         ({"roles": {"judge": {"backend": "openai"}}}, "needs base_url"),
-        ({"roles": {"judge": {"backend": "local", "temprature": 0}}}, "unknown LLM config key"),
+        ({"roles": {"judge": {"backend": "local", "temprature": 0}}}, "unknown key"),
         ({"roles": {"judge": {"sampling": {"temp": 0}}}}, "unknown sampling key"),
         ({"common": {}}, "no roles defined"),
         ({"rolez": {}}, "unknown section"),

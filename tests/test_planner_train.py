@@ -32,9 +32,9 @@ from mia.models.tiny import build_tokenizer
 from mia.planner.episode import PlannerEpisode, planner_segments
 from mia.prompts import planner as PP
 from mia.rl.episode import Rollout
-from mia.roles.common import compose_role
 from mia.services import ExecutorClient
 from mia.trace import REVISED_PLAN_MARKER, content_text
+from planner_train.config import load_config
 from planner_train.train import build_trainer
 
 GOLD = {
@@ -88,8 +88,7 @@ def test_one_planner_grpo_step_through_real_services(tmp_path: Path) -> None:
         stored = {"question": "Where was Ilsa Drovan's sister born?", "judgement": "correct",
                   "workflow_summary": "1. Search the sister (name -> city)"}  # fmt: skip
         assert httpx.post(f"{memory_url}/memories", json=stored).status_code == 200
-        cfg = compose_role(
-            "planner_train",
+        cfg = load_config(
             "default",
             [
                 f"model_path={model}",

@@ -102,20 +102,25 @@ def _precision_values(node: object, where: str = "") -> list[tuple[str, str]]:
 
 def _composed_configs() -> dict[str, dict]:
     """Every shipped config, composed the way its entry point composes it."""
+    from executor_train.config import load_config as executor_train
+    from mia.config import to_dict
     from mia.rl.sft import compose as compose_sft
-    from mia.roles.common import compose_role
+    from planner_train.config import load_config as planner_train
+    from ttrl.config import load_config as ttrl
+    from ttrl_streaming.config import load_config as ttrl_streaming
 
     out: dict[str, dict] = {}
     roles = {
-        "executor_train": ["default", "default:experiment=paper"],
-        "planner_train": ["default", "default:experiment=paper"],
-        "ttrl": ["default", "default:experiment=paper", "default:experiment=paper_nogt"],
-        "ttrl_streaming": ["server"],
+        executor_train: ["default", "default:experiment=paper"],
+        planner_train: ["default", "default:experiment=paper"],
+        ttrl: ["default", "default:experiment=paper", "default:experiment=paper_nogt"],
+        ttrl_streaming: ["server"],
     }
-    for role, names in roles.items():
+    for load, names in roles.items():
         for spec in names:
             name, _, override = spec.partition(":")
-            out[f"{role}/{spec}"] = compose_role(role, name, [override] if override else [])
+            cfg = load(name, [override] if override else [])  # every key, defaults filled
+            out[f"{load.__module__}/{spec}"] = to_dict(cfg)
     for name in ("executor", "planner"):
         out[f"sft/{name}"] = compose_sft(name, [])
     for path in sorted(CONFIGS.rglob("*.yaml")):

@@ -269,7 +269,7 @@ def test_executor_custom_weights_and_bad_config() -> None:
         run(executor_reward(traj, ["Paris"], RULES, {"acc_weigth": 1}))
     with pytest.raises(MiaError, match="max_answer_words must be a positive integer"):
         run(executor_reward(traj, ["Paris"], RULES, {"max_answer_words": 0}))
-    with pytest.raises(MiaError, match="acc_weight must be a number"):
+    with pytest.raises(MiaError, match="acc_weight"):
         load_reward_config(ExecutorRewardConfig, {"acc_weight": "high"})
 
 

@@ -43,7 +43,8 @@ def test_mode_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
-        "python -m planner_train: error: bad config: Could not override 'nosuchkey'."
+        "python -m planner_train: error: bad config planner.yaml: unknown key 'nosuchkey' "
+        "(--help-config lists the keys)"
     ]
 
 

@@ -414,7 +414,7 @@ def test_serve_config_yaml_mirrors_the_defaults() -> None:
 
     assert load_serve_config(ROOT / "configs/serve/default.yaml") == ServeConfig()
     vllm = load_serve_config(ROOT / "configs/serve/vllm.yaml", ["agent.max_turns=5"])
-    assert (vllm.llm["backend"], vllm.llm["base_url"], vllm.agent.max_turns) == (
+    assert (vllm.llm.backend, vllm.llm.base_url, vllm.agent.max_turns) == (
         "openai",
         "http://127.0.0.1:8000/v1",
         5,

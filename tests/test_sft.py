@@ -344,5 +344,6 @@ def test_cli_prints_config_and_exits_2_on_bad_input(
         main(["nosuchkey=1"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "python -m mia.rl.sft: error: bad config: Could not override 'nosuchkey'."
+        "python -m mia.rl.sft: error: bad config executor.yaml: unknown key 'nosuchkey' "
+        "(--help-config lists the keys)"
     ]

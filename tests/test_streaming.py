@@ -24,7 +24,6 @@ from role_fixtures import (
 
 from mia.errors import MiaError
 from mia.http import ServerThread
-from mia.roles.common import compose_role
 from ttrl_streaming import client as C
 from ttrl_streaming.buffer import RolloutBuffer
 from ttrl_streaming.codec import (
@@ -35,6 +34,7 @@ from ttrl_streaming.codec import (
     rollouts_from_safetensors,
     rollouts_to_safetensors,
 )
+from ttrl_streaming.config import load_config
 from ttrl_streaming.server import StreamingServer, create_streaming_app
 
 QUESTIONS = {f"Who founded company number {i}?": f"Founder {i}" for i in range(4)}
@@ -121,8 +121,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         memory_service(root / "mem.sqlite") as (memory_url, memory),
         executor_service(executor_reply) as (serve_url, _),
     ):
-        cfg = compose_role(
-            "ttrl_streaming",
+        cfg = load_config(
             "server",
             [
                 f"model_path={model}",

@@ -400,12 +400,12 @@ def test_trainer_config_rejects_bad_values(model_dir) -> None:
     ok = TrainerConfig.from_dict({"model_path": str(model_dir)})
     assert ok.policy.model_path == str(model_dir) and ok.n == 8
     cases = [
-        ({"bogus": 1}, "unknown trainer option"),
+        ({"bogus": 1}, "unknown key"),
         ({"old_logprobs": "guess"}, "old_logprobs"),
         ({"weight_sync": "nccl"}, "weight_sync"),
         ({"sampling": {"temp": 1}}, "unknown sampling key"),
         ({"old_logprobs": "rollout", "policy": {"loss": {"temperature": 0.7}}}, "temperature"),
-        ({"workers": {"mode": "ray", "gpus": 2}}, "unknown workers option"),
+        ({"workers": {"mode": "ray", "gpus": 2}}, "unknown key"),
         ({"model_path": ""}, "set model_path"),
     ]
     for over, message in cases:

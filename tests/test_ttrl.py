@@ -30,8 +30,8 @@ from mia.judge import PanelJudge
 from mia.judge.vote import majority_vote
 from mia.llm.scripted import ScriptedChat
 from mia.rewards.planner import PlannerEpisodeRecord, planner_format
-from mia.roles.common import compose_role
 from mia.roles.journal import Journal
+from ttrl.config import load_config
 from ttrl.curve import format_curve
 from ttrl.run import run_ttrl, run_ttrl_pass
 
@@ -108,7 +108,7 @@ def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: 
         assert 2 <= len(service.store) <= 4
         assert [r["batch"] for r in map(json.loads, (run_dir / "accuracy.jsonl").open())] == [0]
 
-        result = run_ttrl(compose_role("ttrl", "default", args))
+        result = run_ttrl(load_config("default", args))
 
         stats = service.store.stats()
         records = service.store.records()
@@ -314,7 +314,7 @@ def test_ttrl_raises_planner_reward_on_the_synthetic_world(tmp_path: Path) -> No
             "memory.evaluate=false",
             "plot=false",
         ]
-        result = run_ttrl(compose_role("ttrl", "default", args))
+        result = run_ttrl(load_config("default", args))
     print(format_curve(result.rows))
     rewards = [r["reward_mean"] for r in result.rows]
     assert len(rewards) == 6

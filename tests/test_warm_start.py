@@ -182,7 +182,7 @@ def test_gold_of_several_worlds_with_alternate_plans_and_a_style(tmp_path: Path)
     for r in rows:
         planned = "guide for your reference" in r["messages"][1]["content"]
         assert r["variant"] == ("plan" if planned else "no_plan")
-        assert r["messages"][2]["content"].startswith("<think>\nI need ") or r["type"] == "bridge"
+        assert r["messages"][2]["content"].startswith("<think>\nI need ")
     assert {r["variant"] for r in rows} == {"plan", "no_plan"}
     assert W.gold_world_file(g, tmp_path, say=None) == path  # cached
     other = W.gold_world_file({**g, "style": "terse"}, tmp_path, say=None)

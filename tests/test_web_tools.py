@@ -582,7 +582,7 @@ def test_config_yaml_mirrors_defaults(tmp_path: Path):
     assert load_config(None, ttl_s=5, max_retries=None).ttl_s == 5
     bad = tmp_path / "bad.yaml"
     bad.write_text("ttl: 5\n")
-    with pytest.raises(MiaError, match=r"unknown keys \['ttl'\]"):
+    with pytest.raises(MiaError, match=r"unknown key\(s\) \['ttl'\]"):
         load_config(bad)
     with pytest.raises(MiaError, match="timeout_s must be > 0"):
         load_config(None, timeout_s=0)

@@ -38,8 +38,8 @@ from mia.rl.trainer import Trainer
 from mia.roles.common import (
     build_judge,
     clients,
-    compose_role,
     resolve_model,
+    role_config,
     role_main,
     trainer_section,
 )
@@ -47,11 +47,12 @@ from mia.roles.journal import Journal
 from mia.roles.samples import load_samples
 from mia.roles.ttrl_memory import bank_item, check_empty_buffer, commit_batch
 from ttrl import curve
-from ttrl.rewards import MODES, NOGT_METHODS, PanelReward, VoteGroupReward, pending_vote
+from ttrl.config import CRASH_POINTS, TTRLConfig, load_config
+from ttrl.rewards import PanelReward, VoteGroupReward, pending_vote
 
 log = logging.getLogger("ttrl")
 
-CRASH_POINTS = ("after_update", "after_checkpoint", "after_bank_save", "after_consolidate")
+__all__ = ["CRASH_POINTS", "TTRLResult", "TTRLRun", "run_ttrl", "run_ttrl_pass"]
 
 
 class SimulatedCrash(BaseException):
@@ -122,48 +123,41 @@ def _fingerprint(samples: Sequence[Mapping[str, Any]], batch_size: int, n: int) 
 
 
 class TTRLRun:
-    """``TTRLRun(cfg).run() -> TTRLResult`` for a composed ``configs/ttrl`` config.
+    """``TTRLRun(cfg).run() -> TTRLResult`` for a :class:`~ttrl.config.TTRLConfig` (or a
+    composed ``configs/ttrl`` mapping, validated into one).
 
     ``generator`` / ``judge`` / ``panel`` replace what the config would build (tests, demos).
     """
 
     def __init__(
         self,
-        cfg: Mapping[str, Any],
+        cfg: TTRLConfig | Mapping[str, Any],
         *,
         generator: Any = None,
         judge: Any = None,
         panel: Any = None,
     ) -> None:
-        self.cfg = dict(cfg)
-        self.mode = str(self.cfg.get("mode", "supervised"))
-        if self.mode not in MODES:
-            raise MiaError(f"mode must be one of {MODES}, got {self.mode!r}")
-        self.method = str((self.cfg.get("nogt") or {}).get("method", "panel"))
-        if self.mode == "nogt" and self.method not in NOGT_METHODS:
-            raise MiaError(f"nogt.method must be one of {NOGT_METHODS}, got {self.method!r}")
-        data = dict(self.cfg.get("data") or {})
-        if not data.get("test"):
+        self.cfg = cfg = role_config(TTRLConfig, cfg, "ttrl")
+        self.mode = cfg.mode
+        self.method = cfg.nogt.method
+        if not cfg.data.test:
             raise MiaError("set data.test=FILE (reference parquet, JSON or JSONL test set)")
         self.samples = load_samples(
-            data["test"], require_answer=self.mode == "supervised", limit=data.get("limit")
+            cfg.data.test, require_answer=self.mode == "supervised", limit=cfg.data.limit
         )
-        services = dict(self.cfg.get("services") or {})
-        if not services.get("memory_url"):
+        if not cfg.services.memory_url:
             raise MiaError("set services.memory_url (memory_serve): TTRL writes its memories there")
-        self.executor, self.memory = clients(services)
+        self.executor, self.memory = clients(cfg.services)
         assert self.memory is not None
-        self.run_dir = Path(self.cfg.get("run_dir") or self._default_run_dir()).resolve()
+        self.run_dir = Path(cfg.run_dir or self._default_run_dir()).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(self.run_dir / "ttrl_state")
-        mem = dict(self.cfg.get("memory") or {})
-        self.eval_dir = str(self.run_dir / "eval") if mem.get("evaluate", True) else None
-        self.memory_dir = self.run_dir / "memory" if mem.get("save", True) else None
+        self.eval_dir = str(self.run_dir / "eval") if cfg.memory.evaluate else None
+        self.memory_dir = self.run_dir / "memory" if cfg.memory.save else None
         self.accuracy_path = self.run_dir / "accuracy.jsonl"
-        self.curve_path = self.run_dir / "accuracy.png" if self.cfg.get("plot", True) else None
-        debug = dict(self.cfg.get("debug") or {})
-        self.crash_at = debug.get("crash_at")
-        self.crash_mode = str(debug.get("crash_mode", "kill"))
+        self.curve_path = self.run_dir / "accuracy.png" if cfg.plot else None
+        self.crash_at = cfg.debug.crash_at
+        self.crash_mode = cfg.debug.crash_mode
         self.judge = judge
         self.panel = panel
         self.generator = generator
@@ -185,38 +179,36 @@ class TTRLRun:
     def _rewards(self) -> tuple[Any, Any]:
         cfg = self.cfg
         if self.judge is None:
-            self.judge = build_judge(cfg.get("judge"), cfg.get("llm", "embedded"))
+            self.judge = build_judge(cfg.judge, cfg.llm)
         if self.mode == "supervised":
-            return PlannerReward(self.judge, cfg.get("reward")), None
+            return PlannerReward(self.judge, cfg.reward), None
         if self.method == "vote":
-            return pending_vote, VoteGroupReward(cfg.get("nogt_reward"))
+            return pending_vote, VoteGroupReward(cfg.nogt_reward)
         if self.panel is None:
-            panel_cfg = dict(cfg.get("panel") or {"type": "panel"})
-            if panel_cfg.get("type") != "panel":
+            if cfg.panel.type != "panel":
                 raise MiaError("nogt.method=panel needs a panel judge config (panel.type=panel)")
-            self.panel = build_judge(panel_cfg, cfg.get("llm", "embedded"))
-        return PanelReward(self.panel, cfg.get("nogt_reward")), None
+            self.panel = build_judge(cfg.panel, cfg.llm)
+        return PanelReward(self.panel, cfg.nogt_reward), None
 
     def _trainer(self) -> Trainer:
         from mia.planner.episode import PlannerEpisode
 
         cfg = self.cfg
-        model = resolve_model(str(cfg.get("model_path", "")))
-        section = trainer_section(cfg, model, str(self.run_dir))
-        section["run_dir"] = str(self.run_dir)
-        bs = max(1, min(int(section.get("batch_size", 4)), len(self.samples)))
-        section["batch_size"] = bs
+        section = trainer_section(cfg, resolve_model(cfg.model_path))
+        section.run_dir = str(self.run_dir)
+        bs = max(1, min(section.batch_size, len(self.samples)))
+        section.batch_size = bs
         self.batch_size = bs
         self.n_batches = -(-len(self.samples) // bs)
-        section["total_steps"] = self.n_batches
-        section["shuffle"] = False
-        section["resume"] = bool(cfg.get("resume", True))
-        self.save_every = int(section.get("save_freq") or 1)
+        section.total_steps = self.n_batches
+        section.shuffle = False
+        section.resume = cfg.resume
+        self.save_every = int(section.save_freq or 1)
         episode = PlannerEpisode(
             self.executor,
             self.memory,
-            cfg.get("episode"),
-            chat_template_kwargs=cfg.get("chat_template_kwargs") or None,
+            cfg.episode,
+            chat_template_kwargs=cfg.chat_template_kwargs or None,
         )
         reward_fn, group_reward = self._rewards()
         return Trainer(
@@ -230,7 +222,7 @@ class TTRLRun:
 
     def _with_memories(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         assert self.memory is not None
-        top_k = (self.cfg.get("episode") or {}).get("memory_top_k")
+        top_k = self.cfg.episode.memory_top_k
         queries = [
             self.memory.query(
                 s["question"],
@@ -430,7 +422,7 @@ class TTRLRun:
         )
 
 
-def run_ttrl(cfg: Mapping[str, Any], **kwargs: Any) -> TTRLResult:
+def run_ttrl(cfg: TTRLConfig | Mapping[str, Any], **kwargs: Any) -> TTRLResult:
     return TTRLRun(cfg, **kwargs).run()
 
 
@@ -456,8 +448,7 @@ def run_ttrl_pass(
     ``key=value`` config overrides; ``generator`` / ``judge`` / ``panel`` replace what the config
     would build. Print the curve with ``ttrl.curve.format_curve(result.rows)``."""
     limit = None if max_batches is None else int(max_batches) * int(batch_size)
-    cfg = compose_role(
-        "ttrl",
+    cfg = load_config(
         "default",
         [
             f"mode={mode}",
@@ -477,7 +468,7 @@ def run_ttrl_pass(
     return run_ttrl(cfg, generator=generator, judge=judge, panel=panel)
 
 
-def _run_cli(cfg: dict[str, Any]) -> None:
+def _run_cli(cfg: TTRLConfig) -> None:
     result = run_ttrl(cfg)
     print(curve.format_curve(result.rows), flush=True)
     print(
@@ -497,4 +488,5 @@ def main(argv: list[str] | None = None) -> None:
         "ttrl",
         _run_cli,
         argv,
+        schema=TTRLConfig,
     )

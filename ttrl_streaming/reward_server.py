@@ -34,11 +34,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from mia.config import add_help_config, load_dict, resolve_path, to_dict
 from mia.errors import MiaError
 from mia.http import ApiError, add_server_args, create_app, run_app
+from mia.judge import JudgeConfig
 from mia.judge.base import Judge, JudgeError
-from mia.paths import CONFIG_ROOT, mia_home
-from mia.rewards.config import NoGTRewardConfig, PlannerRewardConfig, load_reward_config
+from mia.paths import config_dir, mia_home
+from mia.rewards.config import (
+    KINDS,
+    NoGTRewardConfig,
+    PlannerRewardConfig,
+    load_reward_config,
+)
 from mia.rewards.hooks import (
     DEFAULT_REWARD_FN,
     RewardContext,
@@ -59,7 +66,6 @@ from mia.services.rewards import (
 
 log = logging.getLogger("ttrl_streaming.reward_server")
 
-REPO_CONFIGS = CONFIG_ROOT
 DEFAULT_PORT = 6000
 
 # ----------------------------------------------------------------------------- ground truths
@@ -253,28 +259,17 @@ _BUILTIN_CONFIGS: dict[Any, type] = {
 }
 
 
-def _config_file(group: str, name: str) -> Path:
-    p = Path(name).expanduser()
-    if p.is_file():
-        return p
-    named = REPO_CONFIGS / group / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if named.is_file():
-        return named
-    raise MiaError(f"{group} config not found: {name} (also looked for {named})")
-
-
-def _load_yaml(group: str, name: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    path = _config_file(group, name)
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except (OmegaConfBaseException, OSError) as err:
-        raise MiaError(f"{group} config {path}: {str(err).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise MiaError(f"{group} config {path}: expected a mapping")
-    return data
+def _reward_config(name: str | None, builtin: type | None) -> dict[str, Any] | None:
+    """``--reward-config`` as the reward function gets it: checked against the built-in reward's
+    schema now (a typo fails at start, not at the first request) and filled with its defaults; a
+    shipped name (``planner``, ``nogt``) is filled with its kind's defaults for any function."""
+    if not name:
+        return None
+    data = load_dict(name, group="reward")
+    path = resolve_path(name, "reward")
+    shipped = path.resolve().parent == config_dir("reward").resolve()
+    schema = builtin or (KINDS.get(path.stem) if shipped else None)
+    return to_dict(load_reward_config(schema, data)) if schema is not None else data
 
 
 def build_server_judge(judge: str, llm: str) -> Judge:
@@ -283,11 +278,11 @@ def build_server_judge(judge: str, llm: str) -> Judge:
     from mia.judge import build_judge
     from mia.llm.config import build_backend, role_configs
 
-    cfg = _load_yaml("judge", judge)
+    cfg = load_dict(judge, group="judge")
     if cfg.get("type", "rules") == "rules":
         return build_judge(cfg)
     role = cfg.get("role", "judge")
-    roles = role_configs(_load_yaml("llm", llm))
+    roles = role_configs(load_dict(llm, group="llm"))
     if role not in roles:
         raise MiaError(f"llm config {llm}: no role {role!r} (has {sorted(roles)})")
     return build_judge(cfg, backend=build_backend(roles[role], name=role))
@@ -327,6 +322,12 @@ def _parser() -> argparse.ArgumentParser:
         help="LLM config for llm/panel judges: embedded | vllm (configs/llm/) or a file",
     )
     p.add_argument("--log-level", default="WARNING", type=str.upper)
+    add_help_config(
+        p,
+        ("--reward-config (planner_gt_reward)", PlannerRewardConfig),
+        ("--reward-config (nogt_panel_reward)", NoGTRewardConfig),
+        ("--judge", JudgeConfig),
+    )
     return p
 
 
@@ -336,10 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     reward_fn = load_reward_fn(args.reward_fn)
-    reward_config = _load_yaml("reward", args.reward_config) if args.reward_config else None
-    builtin = _BUILTIN_CONFIGS.get(reward_fn)
-    if builtin is not None:  # a typo in the weights fails now, not at the first request
-        load_reward_config(builtin, reward_config)
+    reward_config = _reward_config(args.reward_config, _BUILTIN_CONFIGS.get(reward_fn))
     judge = build_server_judge(args.judge, args.llm)
     db = args.db or str(mia_home() / "reward_server" / "gts.sqlite")
     store = GTStore(db)

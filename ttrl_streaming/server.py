@@ -43,6 +43,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from mia.config import add_help_config, to_yaml
 from mia.errors import MiaError
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, add_server_args, create_app, run_app
 from mia.planner.episode import PlannerEpisode
@@ -51,8 +52,8 @@ from mia.rl.trainer import RolloutResult, Trainer, group_results
 from mia.roles.common import (
     build_judge,
     clients,
-    compose_role,
     resolve_model,
+    role_config,
     service_kwargs,
     setup_logging,
     trainer_section,
@@ -62,6 +63,7 @@ from mia.services import RewardClient
 from mia.services.streaming import RolloutRow, SubmitRequest
 from ttrl_streaming.buffer import RolloutBuffer
 from ttrl_streaming.codec import CodecError, as_list, rollouts_from_safetensors
+from ttrl_streaming.config import StreamingServerConfig, load_config
 
 log = logging.getLogger("ttrl_streaming.server")
 DEFAULT_PORT = 8765
@@ -92,47 +94,49 @@ class TokenRollout:
 class StreamingServer:
     """The Planner's trainer, the rollout buffer and the request logic (no HTTP)."""
 
-    def __init__(self, cfg: Mapping[str, Any], *, generator: Any = None, judge: Any = None) -> None:
-        self.cfg = dict(cfg)
-        services = dict(self.cfg.get("services") or {})
+    def __init__(
+        self,
+        cfg: StreamingServerConfig | Mapping[str, Any],
+        *,
+        generator: Any = None,
+        judge: Any = None,
+    ) -> None:
+        self.cfg = cfg = role_config(StreamingServerConfig, cfg, "ttrl_streaming")
+        services = cfg.services
         executor, memory = clients(services)
-        self.memory = memory if (self.cfg.get("memory") or {}).get("enabled", True) else None
-        run_dir = self.cfg.get("run_dir") or ""
+        self.memory = memory if cfg.memory.enabled else None
+        run_dir = cfg.run_dir
         if not run_dir:
             from mia.paths import mia_home
 
             run_dir = str(mia_home() / "runs" / f"streaming-{time.strftime('%Y%m%d-%H%M%S')}")
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if services.get("reward_url"):
+        if services.reward_url:
             reward: Any = RemoteReward(
-                RewardClient(str(services["reward_url"]), **service_kwargs(services, "reward"))
+                RewardClient(str(services.reward_url), **service_kwargs(services, "reward"))
             )
         else:
-            j = (
-                judge
-                if judge is not None
-                else build_judge(self.cfg.get("judge"), self.cfg.get("llm", "embedded"))
-            )
-            reward = PlannerReward(j, self.cfg.get("reward"))
+            j = judge if judge is not None else build_judge(cfg.judge, cfg.llm)
+            reward = PlannerReward(j, cfg.reward)
         episode = PlannerEpisode(
             executor,
             self.memory,
-            self.cfg.get("episode"),
-            chat_template_kwargs=self.cfg.get("chat_template_kwargs") or None,
+            cfg.episode,
+            chat_template_kwargs=cfg.chat_template_kwargs or None,
         )
-        section = trainer_section(self.cfg, resolve_model(str(self.cfg.get("model_path", ""))))
-        section["run_dir"] = str(self.run_dir)
-        section["resume"] = bool(self.cfg.get("resume", True))
-        section["total_steps"] = None
+        section = trainer_section(cfg, resolve_model(cfg.model_path))
+        section.run_dir = str(self.run_dir)
+        section.resume = cfg.resume
+        section.total_steps = None
         # The trainer needs a dataset only for its data cursor, which streaming never uses.
-        placeholder = [{"question": "-"}] * int(section.get("batch_size", 1))
+        placeholder = [{"question": "-"}] * section.batch_size
         self.trainer = Trainer(section, episode, reward, placeholder, generator=generator)
         self.trainer.total_steps = None  # open-ended: the client decides
         self.target_rows = self.trainer.cfg.batch_size * self.trainer.cfg.n
         self.buffer = RolloutBuffer()
         self.lock = threading.Lock()
-        self.max_samples = int(self.cfg.get("max_samples_per_request", 64))
+        self.max_samples = cfg.max_samples_per_request
         self.samples_seen = 0
         self.done = False
         self._submissions = itertools.count()
@@ -172,7 +176,7 @@ class StreamingServer:
     def _client_rollouts(self, rows: list[RolloutRow], tag: str) -> list[RolloutResult]:
         out = []
         indices: dict[str, int] = {}
-        limit = int((self.cfg.get("episode") or {}).get("max_context", 32768))
+        limit = self.cfg.episode.max_context
         for k, row in enumerate(rows):
             where = f"rollouts[{k}]"
             try:
@@ -222,7 +226,7 @@ class StreamingServer:
             return {}
         from mia.roles.journal import Journal
 
-        mem = dict(self.cfg.get("memory") or {})
+        mem = self.cfg.memory
         bank = [bank_item(r.sample, r.trajectory, r.extras, "supervised", 0, r.reward) for r in ok]
         journal = Journal(self.run_dir / "memory_journal")
         try:
@@ -231,8 +235,8 @@ class StreamingServer:
                 journal,
                 0,
                 {"bank": bank},
-                eval_dir=str(self.run_dir / "eval") if mem.get("evaluate", True) else None,
-                save_path=str(self.run_dir / "memory") if mem.get("save", True) else None,
+                eval_dir=str(self.run_dir / "eval") if mem.evaluate else None,
+                save_path=str(self.run_dir / "memory") if mem.save else None,
             )
         finally:
             journal.drop(0)
@@ -386,7 +390,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_server_args(p, default_port=DEFAULT_PORT, env_prefix="STREAMING")
     p.add_argument("--config-name", "--config", dest="config_name", default="server")
-    p.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    p.add_argument(
+        "--cfg", action="store_true", help="print the composed config (defaults filled) and exit"
+    )
+    add_help_config(p, StreamingServerConfig)
     p.add_argument("--log-level", default="INFO")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     return p
@@ -399,11 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         raise MiaError(f"overrides must look like key=value, got {bad}")
-    cfg = compose_role("ttrl_streaming", args.config_name, list(args.overrides))
+    cfg = load_config(args.config_name, list(args.overrides))
     if args.cfg:
-        import yaml
-
-        print(yaml.safe_dump(cfg, sort_keys=False))
+        print(to_yaml(cfg))
         return
     setup_logging(args.log_level)
     server = StreamingServer(cfg).start()

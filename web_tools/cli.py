@@ -6,9 +6,10 @@ import argparse
 import logging
 import os
 
+from mia.config import add_help_config, help_config
 from mia.errors import MiaError
 from mia.http import add_server_args, run_app
-from web_tools.config import load_config
+from web_tools.config import WebToolsConfig, load_config
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -75,6 +76,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
     )
+    add_help_config(p, WebToolsConfig)
     return p
 
 
@@ -115,8 +117,14 @@ COMMANDS = {"serve": serve}
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m web_tools serve [options]   (serve --help for options)")
+        print(
+            "usage: python -m web_tools serve [options]   (serve --help for options; "
+            "--help-config lists the --config keys)"
+        )
         raise SystemExit(0 if argv else 2)
+    if argv[0] == "--help-config":
+        print(help_config(WebToolsConfig))
+        raise SystemExit(0)
     if argv[0] not in COMMANDS:
         raise MiaError(f"unknown command {argv[0]!r} (try: {', '.join(COMMANDS)})")
     COMMANDS[argv[0]](argv[1:])

@@ -1,18 +1,17 @@
-"""Tunables of the web search gateway.
+"""The web search gateway's config schema (``python -m web_tools serve --help-config``).
 
-The dataclass defaults mirror ``configs/web_tools/serve.yaml``; a YAML file given with
-``--config`` overrides them and explicit CLI flags override both. The Serper key is deliberately
-not part of the config: it only ever comes from the environment (``SERPER_KEY_ID``) so it never
-lands in a file, a repr or a log line.
+Every default lives here; a YAML file given with ``--config`` overrides them and explicit CLI
+flags override both. The Serper key is deliberately not part of the config: it only ever comes
+from the environment (``SERPER_KEY_ID``) so it never lands in a file, a repr or a log line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mia.config import from_dict, load_dict, option
 from mia.errors import MiaError
 
 DEFAULT_SERPER_URL = "https://google.serper.dev/search"
@@ -21,21 +20,32 @@ DEFAULT_TTL_S = 7 * 24 * 3600  # the reference's Redis CACHE_TTL (604800 s)
 
 @dataclass
 class WebToolsConfig:
-    serper_url: str = DEFAULT_SERPER_URL
-    # None: $MIA_HOME/web_tools/search_cache.sqlite; "none": no cache at all.
-    cache_path: str | None = None
-    ttl_s: float = DEFAULT_TTL_S
-    # Outgoing Serper calls (every retry counts): token bucket + a cap on calls in flight.
-    rate_limit_qps: float = 10.0
-    rate_limit_burst: int = 10
-    max_concurrency: int = 8
-    timeout_s: float = 15.0
-    max_retries: int = 3
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 8.0
-    retry_after_max_s: float = 30.0
-    include_answer_box: bool = True
-    include_knowledge_graph: bool = True
+    """The web search gateway (``python -m web_tools serve``). The Serper key is never part of
+    it: it only comes from the environment (``SERPER_KEY_ID``)."""
+
+    serper_url: str = option(
+        DEFAULT_SERPER_URL, "Serper search endpoint (or env SERPER_URL / --serper-url)"
+    )
+    cache_path: str | None = option(
+        None, 'SQLite cache; null = $MIA_HOME/web_tools/search_cache.sqlite; "none" = no cache'
+    )
+    ttl_s: float = option(DEFAULT_TTL_S, "cache lifetime in seconds (7 days, as the reference)")
+    rate_limit_qps: float = option(
+        10.0, "outgoing Serper calls per second (retries count); 0 = unlimited"
+    )
+    rate_limit_burst: int = option(10, "token bucket size of the rate limit")
+    max_concurrency: int = option(8, "Serper calls in flight at once")
+    timeout_s: float = option(15.0, "seconds per Serper call")
+    max_retries: int = option(3, "retries on timeouts, connection errors, 429 and 5xx")
+    backoff_base_s: float = option(
+        0.5, "first retry wait; doubles (capped), or Retry-After when Serper sends it"
+    )
+    backoff_max_s: float = option(8.0, "cap on one retry wait")
+    retry_after_max_s: float = option(30.0, "cap on a Retry-After wait")
+    include_answer_box: bool = option(True, "Serper answerBox as the first result")
+    include_knowledge_graph: bool = option(
+        True, "Serper knowledgeGraph as a result before the organic ones"
+    )
 
     def validate(self) -> WebToolsConfig:
         checks = [
@@ -56,27 +66,8 @@ class WebToolsConfig:
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> WebToolsConfig:
-    """Defaults <- YAML file (if given) <- ``overrides`` whose value is not None."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        values.update(_read_yaml(Path(path)))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in dataclasses.fields(WebToolsConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise MiaError(f"web_tools config: unknown keys {unknown} (known: {sorted(known)})")
-    return WebToolsConfig(**values).validate()
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    if not path.is_file():
-        raise MiaError(f"web_tools config file not found: {path}")
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as err:  # omegaconf raises several types for bad YAML
-        raise MiaError(f"cannot read web_tools config {path}: {err}") from None
-    if not isinstance(data, dict):
-        raise MiaError(f"web_tools config {path} must be a mapping")
-    return {str(k): v for k, v in data.items()}
+    """Defaults <- YAML file (or a name in configs/web_tools/) <- ``overrides`` whose value is
+    not None (the command-line flags)."""
+    data = load_dict(path, group="web_tools")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(WebToolsConfig, data, "web_tools config")

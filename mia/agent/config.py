@@ -1,14 +1,15 @@
-"""Tunables of the Executor loop; defaults mirror ``configs/agent/default.yaml``."""
+"""The Executor loop's config schema; every default lives here (``configs/agent/*.yaml`` hold
+only what differs: ``train.yaml``, ``web.yaml``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from mia.config import load_config
+from mia.config import load_config, option, section
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.prompts.executor import VARIANTS
@@ -35,28 +36,57 @@ def default_tools() -> dict[str, Any]:
 
 @dataclass
 class AgentConfig:
-    # Limits per run / per continuation (a replan gets a fresh budget, as the reference's
-    # /replan call does).
-    max_turns: int = 20  # assistant turns (LLM calls)
-    max_tool_calls: int = 20  # calls past this get the "answer now" turn instead
-    max_replans: int = 1
-    tool_timeout_s: float = 60.0  # per call, unless the tool sets its own timeout_s
-    tool_output_max_chars: int | None = 4096  # observation text cap (veRL's tool-response cap)
-    tool_output_max_words: int | None = None  # alternative cap in words (head kept)
-    truncate_side: str = "middle"  # middle | end (for the character cap)
-    # Tokens of context (prompt + response). An observation that would leave less than
-    # answer_reserve_tokens is replaced by the "answer now" turn.
-    context_budget: int = 32000
-    answer_reserve_tokens: int = 512
-    chars_per_token: float = 3.0  # estimate for backends that do not count tokens
-    image_token_estimate: int = 256
-    observation_role: str = "user"  # user: <tool_response> text in a user turn; tool: tool role
-    image_size: int | None = 448  # question and tool images resized to this square; null = keep
-    image_format: str = "PNG"  # data-URL encoding of images in messages
-    prompt_variant: str = "auto"  # auto | text | image
-    stop: list[str] = field(default_factory=lambda: ["</tool_call>", "<tool_response>"])
-    sampling: dict[str, Any] = field(default_factory=dict)  # overrides of the LLM's defaults
-    tools: dict[str, Any] = field(default_factory=default_tools)
+    """The Executor loop (``mia.agent``): limits per run and per continuation (a revised plan
+    gets a fresh budget, as the reference's /replan call does), sampling and tools. Used by
+    training, serving (serve's ``agent``) and evaluation."""
+
+    max_turns: int = option(
+        20, "assistant turns (LLM calls) per run; the reference serves with 20, RL uses 10"
+    )
+    max_tool_calls: int = option(
+        20, 'a call past this gets the "answer now" turn instead of a result'
+    )
+    max_replans: int = option(1, "revised plans per trajectory")
+    tool_timeout_s: float = option(60.0, "seconds per tool call, unless a tool sets timeout_s")
+    tool_output_max_chars: int | None = option(
+        4096, "observation text cap (veRL's max_tool_response_length); null = none"
+    )
+    tool_output_max_words: int | None = option(
+        None, "optional cap in words (the head is kept); null = none"
+    )
+    truncate_side: str = option(
+        "middle", "where the character cap cuts: middle (head + tail, as veRL) | end"
+    )
+    context_budget: int = option(
+        32000, "tokens of prompt + response; clipped to the model's context length"
+    )
+    answer_reserve_tokens: int = option(
+        512, 'an observation leaving less than this becomes the "answer now" turn'
+    )
+    chars_per_token: float = option(3.0, "token estimate for backends that do not count tokens")
+    image_token_estimate: int = option(256, "tokens counted per image in the context estimate")
+    observation_role: str = option(
+        "user", "user: <tool_response> block in a user turn | tool: a tool-role message"
+    )
+    image_size: int | None = option(
+        448, "question and tool images resized to this square; null = keep"
+    )
+    image_format: str = option("PNG", "data-URL encoding of images inside messages: PNG | JPEG")
+    prompt_variant: str = option(
+        "auto", "auto (the image prompt iff the question has images) | text | image"
+    )
+    stop: list[str] = option(["</tool_call>", "<tool_response>"], "stop strings of every turn")
+    sampling: dict[str, Any] = option(
+        {}, "overrides of the Executor LLM's sampling defaults (temperature, max_tokens, ...)"
+    )
+    tools: dict[str, Any] = section(
+        default_tools,
+        'name -> {type | _target_: "module:Class", params}; null disables one. search.params: '
+        "backend local (local_search /retrieve) | web (web_tools gateway), url, topk, "
+        "timeout_s, max_queries; web_image_to_image_search.params: cache_roots (<root>/"
+        "<data_id>/meta.json), max_results, once (a second call per question is an error), "
+        "image_size. Checked by mia.agent.build_tools",
+    )
 
     def validate(self) -> AgentConfig:
         checks = [

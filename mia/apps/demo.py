@@ -21,17 +21,19 @@ Any role can run on an OpenAI-compatible endpoint instead (``--executor-url URL
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mia import precision
-from mia.config import load_config
+from mia.config import add_help_config, load_config, option, section
 from mia.errors import MiaError
 from mia.eval.stats import comparison
+from mia.judge import JudgeConfig
 from mia.paths import atomic_write_text, config_dir
 
 CONFIG_DIR = config_dir("demo")
@@ -40,8 +42,10 @@ ROLES = ("executor", "planner", "manager")
 
 @dataclass
 class WorldChoice:
-    seed: int = 0
-    size: str = "default"
+    """The synthetic world the demo evaluates on."""
+
+    seed: int = option(1, "world seed; HELD OUT: the warm start's SFT uses world seed 0")
+    size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
 
 
 @dataclass
@@ -49,57 +53,102 @@ class WarmStartChoice:
     """Warm-started local roles (:mod:`mia.apps.warm_start`), used when the role runs on the
     embedded model (not with ``--model`` or ``--<role>-url``)."""
 
-    enabled: bool = True
-    roles: list[str] = field(default_factory=lambda: ["executor", "planner"])
-    # Hydra overrides of configs/sft/<role>.yaml per role (a changed recipe builds a new folder).
-    overrides: dict[str, list[str]] = field(default_factory=dict)
-    # Sampling of warm roles, over local_roles (the SFT taught the format: no presence penalty).
-    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    enabled: bool = option(
+        True,
+        "roles on the embedded model start from a short SFT on gold transcripts of world seed "
+        "0 (built once, cached under $MIA_HOME/models, keyed by the recipe)",
+    )
+    roles: list[str] = option(["executor", "planner"], "the warm-started roles")
+    overrides: dict[str, list[str]] = option(
+        {}, "role -> Hydra overrides of configs/sft/<role>.yaml (a changed recipe builds anew)"
+    )
+    sampling: dict[str, dict[str, Any]] = option(
+        {
+            "executor": {"max_tokens": 192, "presence_penalty": 0.0},
+            "planner": {"max_tokens": 160},
+        },
+        "sampling of warm roles, over local_roles: the SFT taught the format and a presence "
+        "penalty breaks its JSON (docs/sft.md); room for the answer turn",
+    )
 
 
 @dataclass
 class TTRLChoice:
     """The TTRL pass after the policies (``ttrl.run_ttrl_pass``; configs/ttrl/default.yaml)."""
 
-    enabled: bool = True
-    # One pass per mode, each on a fresh memory store: supervised (ground truth) | nogt.
-    modes: list[str] = field(default_factory=lambda: ["supervised"])
-    # nogt judging: vote (majority over the n answers; no LLM) | panel (3 critics + arbiter).
-    nogt_method: str = "vote"
-    batch_size: int = 4  # questions per batch (one Planner update each)
-    n: int = 2  # plans per question
-    overrides: list[str] = field(default_factory=list)  # more configs/ttrl keys
+    enabled: bool = option(True, "run the TTRL passes (--no-ttrl skips them)")
+    modes: list[str] = option(
+        ["supervised"],
+        "one pass per mode, each on a fresh memory store: supervised (ground truth) | nogt",
+    )
+    nogt_method: str = option(
+        "vote",
+        "nogt judging: vote (majority over the n answers; no LLM) | panel (3 critics + an arbiter)",
+    )
+    batch_size: int = option(4, "questions per batch: one Planner GRPO step each")
+    n: int = option(2, "plans per question (the GRPO group)")
+    overrides: list[str] = option(
+        [
+            "episode.plan_max_tokens=160",
+            "episode.decision_max_tokens=32",
+            "episode.replan_max_tokens=128",
+            "trainer.policy.optim.lr=1.0e-5",
+            "trainer.save_freq=1000",
+        ],
+        "more configs/ttrl keys, sized for 2 CPU cores (save_freq 1000: one checkpoint, after "
+        "the last batch)",
+    )
 
 
 @dataclass
 class DemoConfig:
-    world: WorldChoice = field(default_factory=WorldChoice)
-    questions: int = 8
-    modality: str = "text-only"
-    policies: list[str] = field(default_factory=lambda: ["none", "plan_only", "mia"])
-    warm_start: WarmStartChoice = field(default_factory=WarmStartChoice)
-    ttrl: TTRLChoice = field(default_factory=TTRLChoice)
-    order: str = "online"
-    batch_size: int = 8
-    workers: int = 8
-    llm_config: str = "embedded"
-    # Per-role overrides for roles on a local model (sampling caps keep the CPU demo short).
-    local_roles: dict[str, Any] = field(
-        default_factory=lambda: {
+    """``mia demo``: sized so the whole demo takes a few minutes on 2 CPU cores with the
+    embedded SmolLM2-135M (docs/benchmarks.md, "Demo")."""
+
+    world: WorldChoice = section(WorldChoice, "the held-out synthetic world")
+    questions: int = option(
+        8, "test questions evaluated per policy (text-only ones, in file order)"
+    )
+    modality: str = option("text-only", "the embedded model reads text only")
+    policies: list[str] = option(
+        ["none", "plan_only", "mia"], "run one after another; the table compares them"
+    )
+    warm_start: WarmStartChoice = section(WarmStartChoice, "warm-started local roles")
+    ttrl: TTRLChoice = section(TTRLChoice, "the TTRL pass over the same questions")
+    order: str = option("online", "online | batched (see docs/eval.md)")
+    batch_size: int = option(8, "batched order: questions per frozen-memory batch")
+    workers: int = option(8, "questions in flight: concurrent requests are decoded together")
+    llm_config: str = option(
+        "embedded", "configs/llm/<name>.yaml or a path: the executor, planner, manager roles"
+    )
+    local_roles: dict[str, Any] = option(
+        {
             "executor": {"sampling": {"max_tokens": 128}, "batch_wait_ms": 200},
             "planner": {"sampling": {"max_tokens": 96}, "batch_wait_ms": 200},
             "manager": {"sampling": {"max_tokens": 96}, "batch_wait_ms": 200},
-        }
+        },
+        "llm overrides for roles on a LOCAL model (not --*-url endpoints): short replies keep "
+        "the CPU demo within minutes, and a 200 ms batching window lets the concurrent "
+        "questions' requests decode together",
     )
-    # Compute dtype of local roles (and of the warm-start SFT): auto = bfloat16 on CPUs with
-    # native bf16 (measured ~1.6x faster than float32 there), float32 elsewhere (emulated bf16
-    # is ~60x slower). An explicit bfloat16 on a CPU without it also falls back to float32.
-    local_dtype: str = "auto"
-    agent: dict[str, Any] = field(default_factory=lambda: {"max_turns": 4})
-    threads: int | None = None
-    memory_overrides: list[str] = field(default_factory=list)
-    # Exact match: `contains` credits a reply that repeats both names of a comparison question.
-    judge: dict[str, Any] = field(default_factory=lambda: {"type": "rules", "mode": "em"})
+    local_dtype: str = option(
+        "auto",
+        "compute dtype of local roles (and of the warm-start SFT): auto = bfloat16 on CPUs "
+        "with native bf16 (avx512_bf16/amx; ~1.6x faster there), else float32 (emulated bf16 "
+        "is ~60x slower); mia.precision",
+    )
+    agent: dict[str, Any] = option({"max_turns": 4}, "serve's agent section (configs/agent/ keys)")
+    threads: int | None = option(None, "torch threads per LLM service; null = half the cores")
+    memory_overrides: list[str] = option(
+        ["compress.on_empty=trace"],
+        "key=value for memory_serve (on_empty=trace: a summary the small manager leaves empty "
+        "stores the trace)",
+    )
+    judge: JudgeConfig = section(
+        lambda: JudgeConfig(mode="em"),
+        "rule-based, exact match after normalisation (aliases count): `contains` would credit "
+        "a rambling reply that repeats both names of a comparison question (docs/demo.md)",
+    )
 
     def validate(self) -> DemoConfig:
         if self.questions < 1:
@@ -159,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         "embedded model)",
     )
     p.add_argument("--workers", type=int, help="questions in flight (default 8)")
-    p.add_argument("--seed", type=int, help="world seed (default 0)")
+    p.add_argument("--seed", type=int, help="world seed (default 1: held out of the warm start)")
     p.add_argument("--world-size", choices=("small", "default", "large"))
     p.add_argument("--out", help="output folder (default runs/demo-<time>)")
     p.add_argument("--model", help="local model folder for every local role (default: embedded)")
@@ -169,6 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", help="env var holding the API key of the --*-url endpoints")
     p.add_argument("--config", help="demo YAML (default configs/demo/default.yaml)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_help_config(p, DemoConfig)
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
 
@@ -333,7 +383,7 @@ def run_ttrl_stage(
     from ttrl import run_ttrl_pass
 
     started = time.perf_counter()
-    judge_mode = dict(cfg.judge).get("mode")
+    judge_mode = cfg.judge.mode
     run_dir = out / ttrl_name(mode)
     result = run_ttrl_pass(
         _ttrl_questions(world, items, run_dir / "questions.jsonl"),
@@ -438,7 +488,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         order=cfg.order,
         batch_size=cfg.batch_size,
         workers=cfg.workers,
-        judge=dict(cfg.judge),
+        judge=copy.deepcopy(cfg.judge),
     ).validate()
     ttrl = cfg.ttrl.enabled
     stages = 6 if ttrl else 5

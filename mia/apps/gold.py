@@ -61,8 +61,9 @@ Program = Generator[str, str, None]  # yields assistant turns, receives observat
 SPLITS = ("train", "test", "all")
 # How much the Executor's <think> says (docs/gold.md, "Styles"):
 #   full    -- a sentence of intent per search, and every conclusion quotes its sentence;
-#   concise -- one short sentence per search turn; the answer-bearing sentence is still quoted
-#              (comparisons state each value instead of quoting);
+#   concise -- one short sentence per search turn (what the question asks; a bridge adds what
+#              it needs first); the answer-bearing sentence is still quoted (comparisons state
+#              each value instead of quoting), and a bridge's answer restates the question;
 #   terse   -- one short sentence per turn and no quotes.
 STYLES = ("full", "concise", "terse")
 # with_plan="alternate": about half the questions get the gold plan in the Executor's prompt.
@@ -471,7 +472,7 @@ class GoldWriter:
             f"The question asks for {goal}. First I need the name of {mention}, "
             f"so I will search for {subj.name}."
             if self.style == "full"
-            else f"First I need the name of {mention}."
+            else f"I need {goal}. First I need the name of {mention}."
         )
         obs = yield search_turn(first, [query1])
         quote1 = self._read(obs, subj, [mid.name], f"the name of {mention}")
@@ -483,10 +484,13 @@ class GoldWriter:
             [query2],
         )
         quote2 = self._read(obs, mid, q.answers, fact2)
-        tail = ", and that answers the question." if self.style == "full" else "."
-        yield answer_turn(
-            self._conclude(mid.name, quote2, f"{fact2} is {q.answer}{tail}"), q.answer
+        # full: "... is X, and that answers the question."; shorter styles restate the goal
+        done = (
+            f"{fact2} is {q.answer}, and that answers the question."
+            if self.style == "full"
+            else f"{goal} is {q.answer}."
         )
+        yield answer_turn(self._conclude(mid.name, quote2, done), q.answer)
 
     def _comparison(self, q: Question) -> Program:
         kind, rel = q.relation.split(".", 1)

@@ -43,7 +43,7 @@ ROLES = ("executor", "planner")
 MARKER = "mia-model.json"
 RECIPE = "warm-start-sft"
 # Bump when the way gold data is made changes in a way the fingerprint below cannot see.
-WARM_DATA_VERSION = 1
+WARM_DATA_VERSION = 2  # 2: gold styles (concise, terse), alternate plans, several worlds
 # Recipe keys that say where a build runs and logs, not what it builds.
 NOT_RECIPE = ("run_dir", "output_dir", "logging", "checkpoint_dir", "resume", "save_freq",
               "keep_last", "export", "export_dtype")  # fmt: skip

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,22 +42,52 @@ from mia.errors import MiaError
 class WorldConfig:
     """Sizes of one world. Mirrored by ``configs/world/default.yaml`` (and small/large)."""
 
-    countries: int = 8
-    regions_per_country: int = 3
-    cities_per_region: int = 4
-    people: int = 300
-    organisations: int = 120
-    works: int = 240
-    twin_fraction: float = 0.1  # share of people / organisations that get a near-miss twin
-    events: int = 1500  # distractor passages
-    single_hop: int = 160
-    bridge: int = 160
-    comparison: int = 80
-    image: int = 80
-    convention: int = 120  # vague wordings with a fixed meaning; held-out ones go to test only
-    test_fraction: float = 0.2
-    image_size: int = 256
-    image_distractors: int = 2  # wrong results after the right one in each image-search cache
+    countries: int = field(default=8, metadata={"help": "number of countries"})
+    regions_per_country: int = field(default=3, metadata={"help": "regions in each country"})
+    cities_per_region: int = field(default=4, metadata={"help": "cities in each region"})
+    people: int = field(default=300, metadata={"help": "people (before twins)"})
+    organisations: int = field(default=120, metadata={"help": "organisations (before twins)"})
+    works: int = field(default=240, metadata={"help": "novels, films and albums"})
+    twin_fraction: float = field(
+        default=0.1,
+        metadata={"help": "share of people / organisations given a near-miss twin (a distractor)"},
+    )
+    events: int = field(
+        default=1500,
+        metadata={"help": "event passages: mention entities without the asked facts (distractors)"},
+    )
+    single_hop: int = field(
+        default=160,
+        metadata={
+            "help": "single-hop questions (both splits together; fewer if the world is too small)"
+        },
+    )
+    bridge: int = field(
+        default=160, metadata={"help": "bridge questions (two hops through an entity)"}
+    )
+    comparison: int = field(
+        default=80, metadata={"help": "comparison questions (two entities, one attribute)"}
+    )
+    image: int = field(
+        default=80,
+        metadata={"help": "image questions (an emblem / flag / coat of arms to identify)"},
+    )
+    convention: int = field(
+        default=120,
+        metadata={
+            "help": "vague wordings with a fixed meaning (held-out wordings: test split only)"
+        },
+    )
+    test_fraction: float = field(
+        default=0.2, metadata={"help": "share of each question type that goes to the test split"}
+    )
+    image_size: int = field(
+        default=256, metadata={"help": "emblem / flag / coat-of-arms picture size in pixels"}
+    )
+    image_distractors: int = field(
+        default=2,
+        metadata={"help": "wrong results after the right one in each image-search cache entry"},
+    )
 
     def validate(self) -> WorldConfig:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if f.type in ("int", int)}

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mia.config import load_dict
+from mia.config import add_help_config, from_dict, load_dict
 from mia.errors import MiaError
 
 
@@ -58,12 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-model", default="qwen", help="model name at --judge-url")
     p.add_argument("--config", help="eval YAML (default configs/eval/default.yaml)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from mia.eval.config import EvalConfig
+
+    add_help_config(p, EvalConfig)
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
 
 
-def _judge_config(name: str) -> dict[str, Any]:
-    return load_dict(name, group="judge")
+def _judge_config(name: str) -> Any:
+    from mia.judge import JudgeConfig
+
+    return from_dict(JudgeConfig, load_dict(name, group="judge"), f"judge config {name}")
 
 
 def apply_flags(cfg: Any, args: argparse.Namespace) -> Any:
@@ -86,9 +91,8 @@ def apply_flags(cfg: Any, args: argparse.Namespace) -> Any:
     if args.judge:
         cfg.judge = _judge_config(args.judge)
     if args.judge_url:
-        cfg.judge_llm = dict(cfg.judge_llm)
-        cfg.judge_llm["overrides"] = {
-            **dict(cfg.judge_llm.get("overrides") or {}),
+        cfg.judge_llm.overrides = {
+            **cfg.judge_llm.overrides,
             "backend": "openai",
             "base_url": args.judge_url,
             "model": args.judge_model,
@@ -117,7 +121,7 @@ def main(argv: list[str]) -> None:
         raise MiaError(
             "pass --serve-url (and --memory-url) of running services, or --start-services"
         )
-    needs_golds = dict(cfg.judge).get("type", "rules") != "panel"
+    needs_golds = cfg.judge.type != "panel"
     items = load_items(cfg, require_answer=needs_golds)  # bad data fails before any service
     out = Path(args.out) if args.out else default_out("eval")
     say = _say

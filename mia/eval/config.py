@@ -1,18 +1,20 @@
-"""Tunables of ``mia eval``; defaults mirror ``configs/eval/default.yaml``.
+"""The ``mia eval`` config schema (``mia eval --help-config`` lists every key).
 
-``load_eval_config`` merges: dataclass defaults <- a YAML file <- ``key=value`` overrides
-(OmegaConf dot paths, e.g. ``memory.top_k=3 judge.mode=em``).
+Every default lives here; ``configs/eval/*.yaml`` hold only what differs. ``load_eval_config``
+merges: defaults <- a YAML file <- ``key=value`` overrides (dot paths, e.g.
+``memory.top_k=3 judge.mode=em``; :func:`mia.config.load_config`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from mia.config import load_config
+from mia.config import load_config, option, section
 from mia.errors import MiaError
+from mia.judge import JudgeConfig
 from mia.paths import config_dir
 
 CONFIG_DIR = config_dir("eval")
@@ -22,52 +24,89 @@ MODALITIES = ("all", "text-only", "text-image")
 
 @dataclass
 class MemoryOptions:
-    # Memories retrieved per question (positives AND negatives) by /plan and /memory;
-    # None = memory_serve's own default (2 + 2, the paper's).
-    top_k: int | None = None
-    # /replan retrieval: the reference's inference driver asks with mem_top_k=0.
-    replan_top_k: int = 0
-    # A fresh run empties the memory first (the reference calls /clear_memory at start);
-    # false evaluates on top of what the service already holds. Resumed runs never clear.
-    clear_on_start: bool = True
+    """How the policies use memory_serve."""
+
+    top_k: int | None = option(
+        None,
+        "memories per question (positives AND negatives) by /plan and /memory; null = "
+        "memory_serve's own default (2 + 2, the paper's)",
+    )
+    replan_top_k: int = option(
+        0, "/replan retrieval (the reference's inference driver asks with mem_top_k=0)"
+    )
+    clear_on_start: bool = option(
+        True,
+        "a fresh run empties the memory first (the reference calls /clear_memory at start); "
+        "false evaluates on top of what the service holds; a resumed run never clears",
+    )
 
 
 @dataclass
 class ServicesOptions:
     """What ``--start-services`` starts (local_search, serve, memory_serve on loopback)."""
 
-    index: str | None = None  # local_search index folder (python -m local_search build)
-    image_cache: list[str] = field(default_factory=list)  # image-search cache roots for serve
-    llm_config: str = "embedded"  # configs/llm/<name>.yaml or a path: executor/manager/planner
-    # Torch threads per LLM service process; None = half the CPU cores (at least 1), so the
-    # Executor and the Manager do not fight over the same cores.
-    threads: int | None = None
-    startup_timeout_s: float = 900.0
-    memory_overrides: list[str] = field(default_factory=list)  # key=value for memory_serve
-    serve_overrides: list[str] = field(default_factory=list)  # key=value for serve
+    index: str | None = option(
+        None, "local_search index folder (python -m local_search build; or --index)"
+    )
+    image_cache: list[str] = option([], "image-search cache roots for serve (or --image-cache)")
+    llm_config: str = option(
+        "embedded",
+        "configs/llm/<name>.yaml or a path: the executor/manager/planner roles (or --llm-config)",
+    )
+    threads: int | None = option(
+        None,
+        "torch threads per LLM service process; null = half the CPU cores (at least 1), so the "
+        "Executor and the Manager do not fight over the same cores",
+    )
+    startup_timeout_s: float = option(900.0, "seconds to wait for the services to come up")
+    memory_overrides: list[str] = option(
+        [], "key=value for memory_serve, e.g. [planner.max_tokens=200]"
+    )
+    serve_overrides: list[str] = option([], "key=value for serve, e.g. [agent.max_turns=10]")
+
+
+@dataclass
+class JudgeLLMConfig:
+    """Where an llm/panel judge gets its LLM: a role of an llm config, with field overrides."""
+
+    config: str = option("embedded", "configs/llm/<name>.yaml or a path")
+    role: str = option("judge", "the role of that config")
+    overrides: dict[str, Any] = option(
+        {}, "LLMConfig fields, e.g. {backend: openai, base_url: ..., model: qwen}"
+    )
 
 
 @dataclass
 class EvalConfig:
-    dataset: str | None = None  # QA file: .jsonl / .json / .parquet (mia.data.formats.load_qa)
-    offset: int = 0  # skip this many questions (after the modality filter)
-    limit: int | None = None  # then take at most this many
-    modality: str = "all"  # all | text-only | text-image
-    policies: list[str] = field(default_factory=lambda: ["mia"])  # none | plan_only | mia | rag
-    order: str = "online"  # online: memory grows per question; batched: frozen per batch
-    batch_size: int = 8  # batched order: questions per frozen-memory batch
-    workers: int = 4  # questions in flight at once
-    reflect: bool = True  # planner policies: /judge_replan, then at most one /replan
-    memory: MemoryOptions = field(default_factory=MemoryOptions)
-    # A judge config (mia.judge.JudgeConfig fields; configs/judge/*.yaml).
-    judge: dict[str, Any] = field(default_factory=lambda: {"type": "rules", "mode": "contains"})
-    # Where an llm/panel judge gets its LLM: a role of an llm config, with field overrides.
-    judge_llm: dict[str, Any] = field(
-        default_factory=lambda: {"config": "embedded", "role": "judge", "overrides": {}}
+    """``mia eval``: memory policies on a QA set through running (or started) services."""
+
+    dataset: str | None = option(
+        None, "QA file: .jsonl / .json / .parquet (e.g. a world's test.jsonl; or --data)"
     )
-    request_timeout_s: float = 1800.0  # per HTTP call (a plan or an Executor run)
-    plot: bool = True  # write accuracy.png
-    services: ServicesOptions = field(default_factory=ServicesOptions)
+    offset: int = option(0, "skip this many questions (after the modality filter)")
+    limit: int | None = option(None, "then evaluate at most this many; null = all")
+    modality: str = option("all", "all | text-only | text-image")
+    policies: list[str] = option(
+        ["mia"], "none | plan_only | mia | rag, run one after another (or --policy)"
+    )
+    order: str = option(
+        "online",
+        "online: memory grows question by question (reference) | batched: memory frozen "
+        "within each batch, written after it",
+    )
+    batch_size: int = option(8, "batched order: questions per frozen-memory batch")
+    workers: int = option(4, "questions in flight at once")
+    reflect: bool = option(True, "planner policies: /judge_replan, then at most one /replan")
+    memory: MemoryOptions = section(MemoryOptions, "memory retrieval and clearing")
+    judge: JudgeConfig = section(
+        JudgeConfig, "the judge (configs/judge/*.yaml keys; or --judge rules|llm|panel|FILE)"
+    )
+    judge_llm: JudgeLLMConfig = section(
+        JudgeLLMConfig, "an llm/panel judge's LLM (or --judge-url/--judge-model)"
+    )
+    request_timeout_s: float = option(1800.0, "seconds per HTTP call (one plan, one Executor run)")
+    plot: bool = option(True, "write accuracy.png")
+    services: ServicesOptions = section(ServicesOptions, "--start-services only")
 
     def validate(self) -> EvalConfig:
         from mia.eval.policies import POLICIES

@@ -29,7 +29,7 @@ from typing import Any
 
 from mia.data.formats import QAItem
 from mia.errors import MiaError
-from mia.eval.config import EvalConfig
+from mia.eval.config import EvalConfig, JudgeLLMConfig
 from mia.eval.journal import RunJournal, fault_point
 from mia.eval.policies import FlowContext, PolicySpec, memory_item, run_question, spec
 from mia.judge import Judge
@@ -102,19 +102,20 @@ def build_eval_judge(cfg: EvalConfig) -> Judge:
     """The configured judge; LLM judges get their backend from ``cfg.judge_llm``."""
     from mia.judge import build_judge
 
-    jc = dict(cfg.judge)
-    if jc.get("type", "rules") == "rules":
-        return build_judge(jc)
-    return build_judge(jc, backend=role_backend(cfg.judge_llm, default_role="judge"))
+    if cfg.judge.type == "rules":
+        return build_judge(cfg.judge)
+    return build_judge(cfg.judge, backend=role_backend(cfg.judge_llm, default_role="judge"))
 
 
-def role_backend(spec_: dict[str, Any], default_role: str) -> Any:
+def role_backend(spec_: JudgeLLMConfig | dict[str, Any], default_role: str) -> Any:
     """A chat backend for one role of an llm config: ``{config, role, overrides}``."""
+    from mia.config import from_dict
     from mia.llm.config import build_backend
 
-    role = spec_.get("role") or default_role
-    data = role_llm_dict(str(spec_.get("config") or "embedded"), role)
-    data.update(dict(spec_.get("overrides") or {}))
+    spec_ = from_dict(JudgeLLMConfig, spec_, "judge_llm")
+    role = spec_.role or default_role
+    data = role_llm_dict(spec_.config or "embedded", role)
+    data.update(spec_.overrides)
     return build_backend(data, name=role)
 
 
@@ -444,7 +445,7 @@ def run_eval(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    needs_golds = dict(cfg.judge).get("type", "rules") != "panel"
+    needs_golds = cfg.judge.type != "panel"
     if items is None:
         items = load_items(cfg, require_answer=needs_golds)
     judge = build_eval_judge(cfg)

@@ -7,11 +7,12 @@ output of :func:`mia.llm.roles_from_config`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from mia.config import from_dict, option
+from mia.errors import MiaError
 from mia.judge.base import Judge, JudgeError, Judgement
 from mia.judge.llm_judge import LLMJudge
 from mia.judge.panel import PanelJudge
@@ -49,48 +50,55 @@ TYPES = ("rules", "llm", "panel")
 
 @dataclass
 class JudgeConfig:
-    """Defaults mirror ``configs/judge/rules.yaml`` (type) and llm/panel.yaml (the rest)."""
+    """A judge (``configs/judge/{rules,llm,panel}.yaml``, each holding what differs from these
+    defaults: its ``type``)."""
 
-    type: str = "rules"
-    # rules (also the llm judge's fallback)
-    mode: str = "contains"
-    f1_threshold: float = 0.5
-    # llm and panel
-    role: str = "judge"
-    fallback: str | None = None
-    sampling: dict[str, Any] = field(
-        default_factory=lambda: {"temperature": 0.0, "max_tokens": 256}
+    type: str = option(
+        "rules",
+        "rules (EM / F1 / containment, no LLM) | llm (SimpleQA-style, with ground truth) | "
+        "panel (no ground truth: three critics + an arbiter)",
     )
-    # panel
-    critic_sampling: dict[str, Any] = field(
-        default_factory=lambda: {"temperature": 0.1, "max_tokens": 1000}
+    mode: str = option(
+        "contains",
+        "rules, and the llm judge's fallback: em | f1 | contains (a gold answer occurs as whole "
+        "words in the prediction)",
     )
-    arbiter_sampling: dict[str, Any] = field(
-        default_factory=lambda: {"temperature": 0.0, "max_tokens": 16}
+    f1_threshold: float = option(0.5, "f1 mode: correct when token F1 >= this")
+    role: str = option("judge", "llm and panel: which LLM role (configs/llm/*.yaml) grades")
+    fallback: str | None = option(
+        None,
+        'llm: null = a failed judge call is an error; "rules" = grade by rules instead (recorded '
+        'as "rules:<mode> (fallback)")',
     )
-    weights: list[float] = field(default_factory=lambda: [0.5, 0.3, 0.2])
-    max_trajectory_chars: int | None = 20000
+    sampling: dict[str, Any] = option(
+        {"temperature": 0.0, "max_tokens": 256},
+        "llm: sampling of the judge call (the reference used 0.1 for Executor RL rewards, 0 for "
+        "evaluation)",
+    )
+    critic_sampling: dict[str, Any] = option(
+        {"temperature": 0.1, "max_tokens": 1000}, "panel: sampling of the three critics"
+    )
+    arbiter_sampling: dict[str, Any] = option(
+        {"temperature": 0.0, "max_tokens": 16}, "panel: sampling of the arbiter (A/B)"
+    )
+    weights: list[float] = option(
+        [0.5, 0.3, 0.2],
+        "panel: reasoning / information sourcing / result validity (told to the arbiter)",
+    )
+    max_trajectory_chars: int | None = option(
+        20000, "panel: longer trajectories keep their start and end; null = no cut"
+    )
 
 
 def _config(cfg: Any) -> JudgeConfig:
     if isinstance(cfg, JudgeConfig):
         return cfg
-    if cfg is None:
-        return JudgeConfig()
     try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    if not isinstance(cfg, Mapping):
-        raise JudgeError(f"judge config must be a mapping, got {type(cfg).__name__}")
-    known = {f.name for f in dataclasses.fields(JudgeConfig)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise JudgeError(f"judge config: unknown key(s) {unknown} (known: {sorted(known)})")
-    return JudgeConfig(**dict(cfg))
+        return from_dict(JudgeConfig, cfg, "judge config")
+    except JudgeError:
+        raise
+    except MiaError as err:
+        raise JudgeError(str(err)) from None
 
 
 def _params(data: Mapping[str, Any], what: str) -> SamplingParams:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mia.config import from_dict, load_dict, option, plain, resolve_path
 from mia.errors import MiaError
 from mia.llm.base import ChatBackend, SamplingParams
 from mia.paths import config_dir
@@ -27,69 +28,66 @@ CONFIG_DIR = config_dir("llm")
 
 def llm_config_path(name: str | Path) -> Path:
     """A YAML file, or a name in ``configs/llm/`` (``embedded`` -> ``configs/llm/embedded.yaml``)."""
-    p = Path(name).expanduser()
-    if p.is_file():
-        return p
-    named = CONFIG_DIR / (p.name if p.suffix == ".yaml" else f"{p.name}.yaml")
-    if named.is_file():
-        return named
-    raise MiaError(f"llm config not found: {name} (also looked for {named})")
+    return resolve_path(name, "llm")
 
 
 def load_llm_config(name: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """An llm config (``common`` + ``roles``) as a plain dict: a mapping, a YAML file or a name
-    in ``configs/llm/``."""
-    if isinstance(name, Mapping):
-        return dict(name)
-    from omegaconf import OmegaConf
-
-    path = llm_config_path(name)
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    if not isinstance(data, dict):
-        raise MiaError(f"llm config {path}: expected a mapping")
-    return data
+    in ``configs/llm/`` (:func:`role_configs` checks it)."""
+    return load_dict(name, group="llm")
 
 
 @dataclass
 class LLMConfig:
-    """One role's LLM. Defaults mirror ``configs/llm/embedded.yaml``."""
+    """One role's LLM (``configs/llm/*.yaml``: ``common`` + ``roles``; serve's ``llm``)."""
 
-    backend: str = "local"
-    name: str | None = None
-    # openai
-    base_url: str | None = None
-    model: str = "qwen"
-    api_key_env: str | None = None
-    timeout: float = 600.0
-    max_retries: int = 3
-    backoff: float = 1.0
-    concurrency: int = 16
-    extra_body: dict[str, Any] | None = None
-    return_token_ids: bool = True
-    # shared by openai and local
-    chat_template_kwargs: dict[str, Any] | None = None
-    strip_think: bool = False
-    sampling: dict[str, Any] = field(default_factory=dict)
-    # local ("embedded" = the embedded default model, built on first use)
-    model_path: str | None = "embedded"
-    device: str = "cpu"
-    dtype: str = "auto"  # auto = bfloat16 where native, else float32 (mia.precision)
-    max_batch_size: int = 8
-    batch_wait_ms: float = 5.0
-    # scripted (tests and dry runs)
-    replies: list[str] | None = None
+    backend: str = option("local", "local (in-process transformers) | openai | scripted (tests)")
+    name: str | None = option(None, "label in logs and errors; null = the role's name")
+    base_url: str | None = option(None, "openai: the server's /v1 URL (vLLM or any OpenAI API)")
+    model: str = option("qwen", "openai: the served model's name")
+    api_key_env: str | None = option(
+        None, "openai: name of an env var holding the API key; vLLM needs none"
+    )
+    timeout: float = option(600.0, "openai: seconds per request")
+    max_retries: int = option(
+        3, "openai: retries on timeouts, connection errors, 408/429/5xx and garbage replies"
+    )
+    backoff: float = option(1.0, "openai: first retry delay in seconds (doubles, with jitter)")
+    concurrency: int = option(16, "openai: requests in flight per role")
+    extra_body: dict[str, Any] | None = option(
+        None, "openai: extra fields of every request body (server-specific options)"
+    )
+    return_token_ids: bool = option(
+        True, "openai: ask vLLM for the prompt and reply token ids (exact usage counts)"
+    )
+    chat_template_kwargs: dict[str, Any] | None = option(
+        None, "passed to the chat template, e.g. {enable_thinking: false} for Qwen3"
+    )
+    strip_think: bool = option(
+        False, "drop a <think>...</think> block: consumers keep the text after </think>"
+    )
+    sampling: dict[str, Any] = option(
+        {}, "default sampling (mia.llm.SamplingParams: temperature, top_p, max_tokens, ...)"
+    )
+    model_path: str | None = option(
+        "embedded",
+        'local: a Hugging Face model folder; "embedded" = the built-in SmolLM2-135M-Instruct',
+    )
+    device: str = option("cpu", "local: torch device")
+    dtype: str = option(
+        "auto", "local: auto (bfloat16 where native, else float32; mia.precision) | float32 | ..."
+    )
+    max_batch_size: int = option(8, "local: concurrent requests decoded together")
+    batch_wait_ms: float = option(
+        5.0, "local: how long the worker waits for more requests before decoding"
+    )
+    replies: list[str] | None = option(None, "scripted: the replies, in order")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "llm") -> LLMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise MiaError(f"{where}: unknown LLM config key(s) {unknown} (known: {sorted(known)})")
-        cfg = cls(**dict(data))
-        cfg.validate(where)
-        return cfg
+        return from_dict(cls, data, where)
 
-    def validate(self, where: str = "llm") -> None:
+    def validate(self, where: str = "llm") -> LLMConfig:
         if self.backend not in BACKENDS:
             raise MiaError(f"{where}: backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "openai" and not self.base_url:
@@ -104,6 +102,7 @@ class LLMConfig:
             raise MiaError(
                 f"{where}: unknown sampling key(s) {bad} (known: {sorted(sampling_fields)})"
             )
+        return self
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.sampling)
@@ -111,20 +110,16 @@ class LLMConfig:
 
 def _as_dict(cfg: Any) -> dict[str, Any]:
     """A plain dict from a dict, a dataclass or an OmegaConf node (interpolations resolved)."""
-    if cfg is None:
-        return {}
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return dataclasses.asdict(cfg)
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    if cfg is not None and not isinstance(cfg, Mapping) and not dataclasses.is_dataclass(cfg):
+        try:
+            from omegaconf import DictConfig
 
-        if isinstance(cfg, DictConfig):
-            return dict(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    if isinstance(cfg, Mapping):
-        return {k: _as_dict(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
-    raise MiaError(f"expected a mapping for the LLM config, got {type(cfg).__name__}")
+            ok = isinstance(cfg, DictConfig)
+        except ImportError:  # pragma: no cover - omegaconf is a dependency
+            ok = False
+        if not ok:
+            raise MiaError(f"expected a mapping for the LLM config, got {type(cfg).__name__}")
+    return plain(cfg)
 
 
 _LOCAL_CACHE: dict[tuple[Any, ...], Any] = {}

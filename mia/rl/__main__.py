@@ -7,7 +7,8 @@
 e.g. to build a tool that knows them) and ``episode_kwargs``. ``reward`` names
 ``reward_fn(sample, trajectory)``. Data files hold one mapping per sample (JSONL, JSON list,
 parquet). ``--config-dir``/``--config-name`` choose another file (role trainers ship theirs);
-``--cfg`` prints the composed config and exits. Bad input: one line on stderr, exit 2.
+``--cfg`` prints the composed config (every key, defaults filled) and exits; ``--help-config``
+lists every key with its type, default and help. Bad input: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -17,33 +18,58 @@ import importlib
 import inspect
 import json
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mia.config import add_help_config, from_dict, option, section, to_yaml
+from mia.config import compose as compose_file
 from mia.errors import MiaError
 from mia.paths import config_dir
+from mia.rl.trainer import TrainerConfig
 
 CONFIG_DIR = config_dir("rl")
-ENTRY_KEYS = ("episode", "episode_kwargs", "reward", "data")
 
 
-def compose(config_dir: str | Path, config_name: str, overrides: list[str]) -> dict[str, Any]:
-    """The composed config as a plain dict (Hydra defaults list + ``key=value`` overrides)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+@dataclass
+class RunData:
+    """The samples of ``python -m mia.rl``."""
 
-    cdir = Path(config_dir).resolve()
-    if not (cdir / f"{config_name}.yaml").is_file():
-        raise MiaError(f"config {cdir / (config_name + '.yaml')} not found")
-    try:
-        with initialize_config_dir(config_dir=str(cdir), version_base=None):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides)
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise MiaError(f"bad config: {str(err).splitlines()[0]}") from None
+    train: str | None = option(None, "JSONL / JSON / parquet file of samples (one mapping each)")
+    val: str | None = option(None, "validation samples (same formats); null = none")
+
+
+@dataclass
+class RunConfig(TrainerConfig):
+    """``python -m mia.rl``: the trainer's keys plus what the command line builds (the Trainer
+    API takes objects instead)."""
+
+    episode: str | None = option(
+        None, "MODULE:ATTR: an Episode, or a factory called with the samples (train + val)"
+    )
+    episode_kwargs: dict[str, Any] = option({}, "extra keyword arguments for that factory")
+    reward: str | None = option(
+        None, "MODULE:ATTR, reward_fn(sample, trajectory) -> score | (score, extras)"
+    )
+    data: RunData = section(RunData, "the samples")
+
+    def validate(self) -> RunConfig:
+        return self  # the Trainer validates its part (model_path, ...) when it is built
+
+    def trainer_config(self) -> TrainerConfig:
+        """The :class:`TrainerConfig` part (without the command-line keys)."""
+        names = [f.name for f in fields(TrainerConfig)]
+        return TrainerConfig(**{name: getattr(self, name) for name in names})
+
+
+def compose(
+    config_dir: str | Path, config_name: str, overrides: list[str], schema: type | None = None
+) -> dict[str, Any]:
+    """The composed config ``<config_dir>/<config_name>.yaml`` as a plain dict (Hydra defaults
+    list + ``key=value`` overrides, over ``schema``'s defaults; :func:`mia.config.compose`)."""
+    path = Path(config_dir) / f"{config_name}.yaml"
+    return compose_file(path, overrides, schema, config_dir=config_dir)
 
 
 def import_target(target: str, what: str) -> Any:
@@ -78,25 +104,24 @@ def load_samples(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def build(cfg: dict[str, Any]) -> Any:
+def build(cfg: Mapping[str, Any] | RunConfig) -> Any:
     """A Trainer from a composed config (entry keys resolved, the rest is TrainerConfig)."""
     from mia.rl.episode import Episode
     from mia.rl.trainer import Trainer
 
-    entry = {k: cfg.pop(k, None) for k in ENTRY_KEYS}
-    data = entry["data"] or {}
+    run = from_dict(RunConfig, cfg, "mia.rl config")
     for key in ("episode", "reward"):
-        if not entry[key]:
+        if not getattr(run, key):
             raise MiaError(f"set {key}=MODULE:ATTR")
-    if not data.get("train"):
+    if not run.data.train:
         raise MiaError("set data.train=FILE (JSONL, JSON or parquet samples)")
-    train = load_samples(data["train"])
-    val = load_samples(data["val"]) if data.get("val") else None
-    episode = import_target(entry["episode"], "episode")
+    train = load_samples(run.data.train)
+    val = load_samples(run.data.val) if run.data.val else None
+    episode = import_target(str(run.episode), "episode")
     if inspect.isclass(episode) or not isinstance(episode, Episode):
-        episode = episode(train + (val or []), **(entry["episode_kwargs"] or {}))
-    reward = import_target(entry["reward"], "reward")
-    return Trainer(cfg, episode, reward, train, val_dataset=val)
+        episode = episode(train + (val or []), **run.episode_kwargs)
+    reward = import_target(str(run.reward), "reward")
+    return Trainer(run.trainer_config(), episode, reward, train, val_dataset=val)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,14 +129,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config-dir", default=str(CONFIG_DIR))
     parser.add_argument("--config-name", default="trainer")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    add_help_config(parser, RunConfig)
     parser.add_argument("overrides", nargs="*", help="key=value (Hydra override syntax)")
     args = parser.parse_args(argv)
     try:
-        cfg = compose(args.config_dir, args.config_name, args.overrides)
+        raw = compose(args.config_dir, args.config_name, args.overrides, RunConfig)
+        cfg = from_dict(RunConfig, raw, "mia.rl config")
         if args.cfg:
-            import yaml
-
-            print(yaml.safe_dump(cfg, sort_keys=False))
+            print(to_yaml(cfg))
             return
         trainer = build(cfg)
         trainer.fit()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,14 +39,6 @@ STEP_PREFIX = "global_step_"
 COMPLETE = "COMPLETE"
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # veRL's name, for scripts that read it
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
-
-
-@dataclass
-class CheckpointConfig:
-    dir: str | None = None  # None = <run_dir>/checkpoints
-    save_every: int = 10  # optimizer steps between checkpoints; 0 = only at the end
-    keep_last: int | None = None
-    resume: str = "auto"  # auto | never | a step folder
 
 
 def step_dir(root: str | Path, step: int) -> Path:

@@ -12,10 +12,11 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mia.config import from_dict, option
 from mia.errors import MiaError
 
 # Shown on the console line, in this order, when present: (key, label, format).
@@ -36,22 +37,20 @@ CONSOLE_KEYS: tuple[tuple[str, str, str], ...] = (
 
 @dataclass
 class LoggingConfig:
-    console: bool = True  # progress bar + one line per step (stderr)
-    jsonl: bool = True  # <run_dir>/metrics.jsonl
-    wandb: bool = False
-    wandb_project: str = "mia"
-    wandb_mode: str = "offline"  # offline | online | disabled
-    wandb_name: str | None = None
+    """Where training metrics go (``trainer.logging``)."""
+
+    console: bool = option(True, "progress bar + one line per step (stderr)")
+    jsonl: bool = option(True, "<run_dir>/metrics.jsonl")
+    wandb: bool = option(False, "log to Weights & Biases too")
+    wandb_project: str = option("mia", "wandb project")
+    wandb_mode: str = option(
+        "offline", "offline (sync later with `wandb sync`) | online | disabled"
+    )
+    wandb_name: str | None = option(None, "wandb run name; null = wandb's")
 
     @classmethod
     def from_dict(cls, data: Any) -> LoggingConfig:
-        if isinstance(data, cls):
-            return data
-        data = dict(data or {})
-        unknown = sorted(set(data) - set(asdict(cls())))
-        if unknown:
-            raise MiaError(f"unknown logging option(s): {', '.join(unknown)}")
-        return cls(**data)
+        return from_dict(cls, data, "logging")
 
 
 def _jsonable(value: Any) -> Any:

@@ -29,8 +29,8 @@ import math
 import random
 import re
 import shutil
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from mia import precision
+from mia.config import from_dict, option, plain, section
 from mia.errors import MiaError
 from mia.models.hf import is_vision_config, load_hf_model, merge_lora_state_dict, write_hf_folder
 from mia.rl import dist as D
@@ -61,107 +62,100 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json"
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
-    warmup_steps: int = 0  # linear warmup: step s uses (s + 1) / warmup_steps of the lr
-    schedule: str = "constant"  # constant | cosine
-    total_steps: int = 0  # cosine decays from the end of warmup to total_steps
-    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    """AdamW with a warmup and an optional cosine decay."""
+
+    lr: float = option(1e-6, "learning rate (the reference's veRL setting)")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
+    eps: float = option(1e-8, "AdamW epsilon")
+    grad_clip: float = option(
+        1.0, "max global grad norm; <= 0 disables; a non-finite norm skips the step"
+    )
+    warmup_steps: int = option(0, "linear warmup: step s uses (s + 1) / warmup_steps of lr")
+    schedule: str = option("constant", "constant | cosine")
+    total_steps: int = option(0, "cosine only: the decay ends here")
+    min_lr_ratio: float = option(0.0, "cosine floor, as a fraction of lr")
 
 
 @dataclass
 class LoraConfig:
-    rank: int = 0  # 0 = full fine-tuning
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
+    """LoRA adapters (peft); rank 0 = full fine-tuning."""
+
+    rank: int = option(0, "0 = full fine-tuning; > 0 = LoRA (peft) on target_modules")
+    alpha: int = option(16, "LoRA alpha")
+    dropout: float = option(0.0, "LoRA dropout")
+    target_modules: list[str] = option(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "module names that get adapters",
     )
 
 
 @dataclass
 class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.2  # 0.28 = DAPO clip-higher
-    clip_ratio_c: float | None = 3.0  # dual clip for negative advantages; None = off
-    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
-    kl_coef: float = 0.0  # > 0 loads a reference model (or disables LoRA adapters for it)
-    kl_kind: str = "k3"  # k1 | k2 | k3 (= veRL low_var_kl)
-    entropy_coef: float = 0.0
-    temperature: float = 1.0  # logits are divided by the sampling temperature, as in rollout
+    """The clipped policy-gradient loss (veRL's defaults: clip 0.2, dual clip 3, token-mean,
+    no KL, no entropy bonus)."""
+
+    clip_low: float = option(0.2, "PPO ratio clip below 1")
+    clip_high: float = option(0.2, "PPO ratio clip above 1 (0.28 = DAPO clip-higher)")
+    clip_ratio_c: float | None = option(3.0, "dual clip for negative advantages; null = off")
+    agg: str = option(
+        "token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum"
+    )
+    kl_coef: float = option(
+        0.0, "> 0 adds a KL loss to a frozen reference (loaded only then; LoRA: adapters off)"
+    )
+    kl_kind: str = option("k3", "KL estimator: k1 | k2 | k3 (= veRL low_var_kl)")
+    entropy_coef: float = option(0.0, "entropy bonus")
+    temperature: float = option(
+        1.0, "logits / temperature, matching the rollout's sampling temperature"
+    )
 
 
 @dataclass
 class PolicyConfig:
-    model_path: str = ""
-    trust_remote_code: bool = False
-    attn_implementation: str | None = "sdpa"
-    device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str = "auto"  # auto = bf16 autocast where native (mia.precision) | bf16 | none
-    gradient_checkpointing: bool = False
-    # Regexes (re.search on parameter names): only matching parameters train, the rest are
-    # frozen (after LoRA's own selection). Empty = all. E.g. the top layers of a small model
-    # on CPU: a backward pass that stops early is much cheaper.
-    trainable: list[str] = field(default_factory=list)
-    micro_batch_size: int = 4  # samples per forward/backward on each rank
-    logprob_micro_batch_size: int = 8
-    logits_chunk_size: int = 4096  # rows per float32 log-softmax chunk
-    seed: int = 0
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
+    """The trainable policy (``trainer.policy``; SFT's ``policy``)."""
+
+    model_path: str = option(
+        "", "Hugging Face folder: a causal LM, or Qwen2.5-VL (image-text-to-text)"
+    )
+    trust_remote_code: bool = option(False, "let transformers run the folder's own code")
+    attn_implementation: str | None = option("sdpa", "sdpa | eager | flash_attention_2 (GPU)")
+    device: str = option("auto", "auto (cuda if visible, else cpu) | cpu | cuda")
+    mixed_precision: str = option(
+        "auto",
+        "auto = bf16 autocast where the device computes it natively (GPU, or a CPU with "
+        "AVX512-BF16/AMX), else fp32 | bf16 | none (mia.precision)",
+    )
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass")
+    trainable: list[str] = option(
+        [],
+        "regexes (re.search on parameter names) of the parameters that train, the others "
+        "frozen (after LoRA's selection); [] = all. E.g. the top layers of a small model on CPU",
+    )
+    micro_batch_size: int = option(
+        4, "samples per forward/backward on each rank (gradient accumulation)"
+    )
+    logprob_micro_batch_size: int = option(
+        8, "samples per forward when computing old/ref log-probs"
+    )
+    logits_chunk_size: int = option(4096, "rows per float32 log-softmax chunk")
+    seed: int = option(0, "torch seed of the policy")
+    optim: OptimConfig = section(OptimConfig, "the optimizer")
+    lora: LoraConfig = section(LoraConfig, "LoRA adapters")
+    loss: LossConfig = section(LossConfig, "the policy-gradient loss")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | PolicyConfig) -> PolicyConfig:
+    def from_dict(cls, data: Mapping[str, Any] | PolicyConfig) -> PolicyConfig:
         """Build from a plain/OmegaConf mapping (nested sections become dataclasses)."""
-        if isinstance(data, cls):
-            return data
-        return config_from_dict(cls, dict(data))
+        return from_dict(cls, data, "policy")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def plain_config(data: Any) -> dict[str, Any]:
-    """A plain dict from a mapping or an OmegaConf node (interpolations resolved)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(data, DictConfig):
-        return dict(OmegaConf.to_container(data, resolve=True))  # type: ignore[arg-type]
-    return dict(data)
-
-
-def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """A (nested) config dataclass from a plain dict; unknown keys are a clear error."""
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise MiaError(f"unknown {cls.__name__} option(s): {', '.join(unknown)}")
-    kwargs = {}
-    for name, value in data.items():
-        default = known[name].default_factory if callable(known[name].default_factory) else None
-        sub = default() if default is not None else None
-        if is_dataclass(sub) and value is not None:
-            value = config_from_dict(type(sub), dict(value))
-        elif isinstance(value, list | tuple) and name == "betas":
-            value = tuple(float(v) for v in value)
-        elif hasattr(value, "items"):
-            value = dict(value)
-        elif not isinstance(value, str) and hasattr(value, "__iter__"):
-            value = list(value)
-        kwargs[name] = value
-    return cls(**kwargs)
+# One loader for every config (mia.config); the names stay importable from here.
+plain_config = plain
+config_from_dict = from_dict
 
 
 # ----------------------------------------------------------------------------- batches

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.paths import CONFIG_ROOT, atomic_write_text
 from mia.rl.metrics import LoggingConfig, MetricsLogger
@@ -65,17 +66,45 @@ class GoldWorldConfig:
     of the two per question, about half each (``alternate``). ``style``: how much the
     Executor's reasoning says (``full`` | ``concise`` | ``terse``, docs/gold.md)."""
 
-    seed: int | list[int] = 0
-    size: str = "default"
-    split: str = "train"
-    limit: int | None = None  # first N questions of the split (after the type filter)
-    types: list[str] = field(default_factory=lambda: ["single_hop", "bridge", "comparison"])
-    plan: str = "both"  # with | without | both | alternate
-    topk: int = 3  # search results per query (the agent config's default)
-    style: str = "full"  # full | concise | terse
+    seed: int | list[int] = field(
+        default=0,
+        metadata={
+            "help": "world seed, or a list of worlds (each world's split, limit questions each); the warm start uses 0, the demo evaluates on 1"
+        },
+    )
+    size: str = field(default="default", metadata={"help": "world size: small | default | large"})
+    split: str = field(default="train", metadata={"help": "train | test | all"})
+    limit: int | None = field(
+        default=None,
+        metadata={"help": "first N questions of the split (after the type filter); null = all"},
+    )
+    types: list[str] = field(
+        default_factory=lambda: ["single_hop", "bridge", "comparison"],
+        metadata={"help": "question types (image questions need a vision model)"},
+    )
+    plan: str = field(
+        default="both",
+        metadata={
+            "help": "with | without | both | alternate (the Executor prompt with and without the gold plan)"
+        },
+    )
+    topk: int = field(
+        default=3, metadata={"help": "search results per query (the agent config's default)"}
+    )
+    style: str = field(
+        default="full",
+        metadata={
+            "help": "how much the Executor's reasoning says: full | concise | terse (docs/gold.md)"
+        },
+    )
     # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
     # data that teaches the Planner to derive its plan from memory.
-    planner_memory: bool = False
+    planner_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold)"
+        },
+    )
 
     @property
     def seeds(self) -> list[int]:
@@ -109,41 +138,103 @@ class GoldWorldConfig:
 
 @dataclass
 class SftDataConfig:
-    train: list[str] = field(default_factory=list)  # files; [] = build from gold_world
-    val: list[str] = field(default_factory=list)
-    fields: list[str] = field(default_factory=lambda: ["messages"])  # conversations per row
-    val_size: int = 0  # rows (by id) held out of train for val loss when val is []
-    max_length: int | None = 2048  # tokens; longer conversations are cut (prompt must fit)
-    skip_images: bool = True  # token-mode SFT is text-only
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    gold_world: GoldWorldConfig = field(default_factory=GoldWorldConfig)
+    train: list[str] = field(
+        default_factory=list,
+        metadata={"help": "gold JSONL files (mia gold); [] = build from gold_world"},
+    )
+    val: list[str] = field(
+        default_factory=list,
+        metadata={"help": "validation files; [] = hold val_size questions out of train"},
+    )
+    fields: list[str] = field(
+        default_factory=lambda: ["messages"], metadata={"help": "conversation field(s) of each row"}
+    )
+    val_size: int = field(
+        default=0,
+        metadata={"help": "questions (by id) held out of train for the val loss when val is []"},
+    )
+    max_length: int | None = field(
+        default=2048,
+        metadata={"help": "tokens; longer conversations are cut (the prompt must fit)"},
+    )
+    skip_images: bool = field(
+        default=True, metadata={"help": "token-mode SFT is text-only (image questions are skipped)"}
+    )
+    chat_template_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "passed to the chat template when rendering"}
+    )
+    gold_world: GoldWorldConfig = field(
+        default_factory=GoldWorldConfig,
+        metadata={"help": "gold transcripts built when train is [] (cached under $MIA_HOME/data)"},
+    )
 
 
 @dataclass
 class SftConfig:
     """Mirrors configs/sft/*.yaml."""
 
-    model_path: str = ""  # Hugging Face folder, or "embedded" (the built-in SmolLM2)
-    run_dir: str = ""  # "" = $MIA_HOME/runs/sft-<time>
-    output_dir: str = ""  # merged HF folder; "" = <run_dir>/hf
-    seed: int = 0
-    epochs: int = 1
-    total_steps: int | None = None  # None = epochs x (conversations // batch_size)
-    batch_size: int = 8  # conversations per optimizer step
-    shuffle: bool = True
-    train_top_layers: int = 0  # > 0: only the top K decoder layers + final norm train
-    eval_every: int = 0  # val loss every K steps (and at the end); 0 = start and end only
-    eval_at_start: bool = True
-    save_freq: int = 0  # checkpoint every K steps; 0 = only at the end; -1 = never
-    keep_last: int | None = None
-    checkpoint_dir: str | None = None  # None = <run_dir>/checkpoints
-    resume: bool | str = False  # true = latest under checkpoint_dir; or a step folder
-    export: bool = True
-    export_dtype: str = "auto"  # auto (the base model's) | float32 | bfloat16 | float16
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    data: SftDataConfig = field(default_factory=SftDataConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    workers: WorkersConfig = field(default_factory=lambda: WorkersConfig(mode="single_process"))
+    model_path: str = field(
+        default="",
+        metadata={
+            "help": 'Hugging Face folder, or "embedded" (the built-in SmolLM2-135M-Instruct)'
+        },
+    )
+    run_dir: str = field(default="", metadata={"help": '"" = $MIA_HOME/runs/sft-<date>-<time>'})
+    output_dir: str = field(
+        default="", metadata={"help": 'merged Hugging Face folder; "" = <run_dir>/hf'}
+    )
+    seed: int = field(default=0, metadata={"help": "data order and torch seed"})
+    epochs: int = field(default=1, metadata={"help": "passes over the conversations"})
+    total_steps: int | None = field(
+        default=None, metadata={"help": "null = epochs x (conversations // batch_size)"}
+    )
+    batch_size: int = field(default=8, metadata={"help": "conversations per optimizer step"})
+    shuffle: bool = field(
+        default=True, metadata={"help": "reshuffle the conversations every epoch"}
+    )
+    train_top_layers: int = field(
+        default=0, metadata={"help": "> 0: only the top K decoder layers (+ final norm) train"}
+    )
+    eval_every: int = field(
+        default=0,
+        metadata={"help": "val loss every K steps (and at the end); 0 = start and end only"},
+    )
+    eval_at_start: bool = field(default=True, metadata={"help": "val loss before the first step"})
+    save_freq: int = field(
+        default=0, metadata={"help": "checkpoint every K steps; 0 = only at the end; -1 = never"}
+    )
+    keep_last: int | None = field(
+        default=None, metadata={"help": "keep this many newest checkpoints; null = all"}
+    )
+    checkpoint_dir: str | None = field(
+        default=None, metadata={"help": "null = <run_dir>/checkpoints"}
+    )
+    resume: bool | str = field(
+        default=False,
+        metadata={
+            "help": "true = the latest complete checkpoint under checkpoint_dir | a step folder"
+        },
+    )
+    export: bool = field(
+        default=True, metadata={"help": "write the merged Hugging Face folder (LoRA merged in)"}
+    )
+    export_dtype: str = field(
+        default="auto", metadata={"help": "auto (the base model's) | float32 | bfloat16 | float16"}
+    )
+    logging: LoggingConfig = field(
+        default_factory=LoggingConfig, metadata={"help": "console, JSONL and wandb metrics"}
+    )
+    data: SftDataConfig = field(
+        default_factory=SftDataConfig, metadata={"help": "the conversations"}
+    )
+    policy: PolicyConfig = field(
+        default_factory=PolicyConfig,
+        metadata={"help": "the trained model (optimizer, LoRA, micro-batches)"},
+    )
+    workers: WorkersConfig = field(
+        default_factory=lambda: WorkersConfig(mode="single_process"),
+        metadata={"help": "how the policy runs (single_process by default)"},
+    )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | SftConfig) -> SftConfig:
@@ -575,9 +666,9 @@ def compose(config_name: str, overrides: list[str], config_dir: str | Path | Non
     elif len(path.parts) > 1 or (path.suffix == ".yaml" and path.is_file()):  # a file
         cdir = path.parent
     else:
-        return hydra_compose(CONFIG_DIR, f"sft/{name}", list(overrides))
+        return hydra_compose(CONFIG_DIR, f"sft/{name}", list(overrides), SftConfig)
     search = f"hydra.searchpath=[file://{CONFIG_DIR}]"
-    return hydra_compose(cdir, name, [search, *overrides])
+    return hydra_compose(cdir, name, [search, *overrides], SftConfig)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m mia.rl.sft") -> None:
@@ -589,6 +680,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mia.rl.sft") -> N
     )
     parser.add_argument("--config-dir", help="another folder of configs (NAME.yaml inside)")
     parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    add_help_config(parser, SftConfig)
     parser.add_argument("overrides", nargs="*", help="key=value (Hydra override syntax)")
     args = parser.parse_intermixed_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub

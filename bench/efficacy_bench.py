@@ -1,0 +1,152 @@
+"""Does MIA make a research agent better? One table, with intervals, on the held-out world.
+
+    python bench/efficacy_bench.py                    # configs/demo/efficacy.yaml, $MIA_HOME
+    python bench/efficacy_bench.py --questions 64     # the first 64 test questions only
+    python bench/efficacy_bench.py -- ttrl.n=6        # more demo overrides after --
+
+It runs ``mia demo --config configs/demo/efficacy.yaml`` (the held-out world seed 1, every
+text test question, policies none / plan_only / rag / mia, then TTRL supervised and no-GT) and
+reads back ``demo.json``: accuracy with its 95% bootstrap interval, the paired difference
+against ``none`` with its interval, accuracy per question group (held-out wordings apart), tool
+calls, tokens and seconds per question. It writes ``efficacy.json`` and ``efficacy.png`` next to
+the run, prints the table and the targets (mia - none >= +10 points with the paired interval
+above 0; TTRL - mia >= +5 points with its interval above 0). Nothing here is tuned on the
+held-out world: docs/results.md lists every choice and when it was made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mia.eval.stats import format_comparison, paired_bootstrap_ci  # noqa: E402
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["policy"] for r in rows]
+    acc = [100 * r["accuracy"] for r in rows]
+    err = [[100 * (r["accuracy"] - r["ci"][0]) for r in rows],
+           [100 * (r["ci"][1] - r["accuracy"]) for r in rows]]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.bar(names, acc, yerr=err, capsize=4, color="#4a7ab7")
+    ax.set_ylabel("exact match, % (95% bootstrap CI)")
+    ax.set_title(f"held-out world, {rows[0]['n']} questions")
+    for i, r in enumerate(rows):
+        d = r.get("delta")
+        if d:
+            ax.annotate(f"{100 * d['mean']:+.1f}", (i, acc[i] + 2), ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def targets(rows: list[dict], outcomes: dict[str, dict[str, float]]) -> list[str]:
+    by = {r["policy"]: r for r in rows}
+    lines = []
+    if "mia" in by and "none" in by:
+        d = by["mia"]["delta"]
+        ok = d["mean"] >= 0.10 and d["ci"][0] > 0
+        lines.append(
+            f"mia - none = {100 * d['mean']:+.1f} points [{100 * d['ci'][0]:+.1f}, "
+            f"{100 * d['ci'][1]:+.1f}]: target >= +10 with the interval above 0: "
+            f"{'met' if ok else 'MISSED'}"
+        )
+    for name in ("ttrl", "ttrl-nogt"):
+        if name in outcomes and "mia" in outcomes:
+            ids = sorted(set(outcomes[name]) & set(outcomes["mia"]))
+            m, lo, hi = paired_bootstrap_ci(
+                [outcomes[name][i] for i in ids], [outcomes["mia"][i] for i in ids]
+            )
+            ok = m >= 0.05 and lo > 0
+            lines.append(
+                f"{name} - mia = {100 * m:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]: "
+                f"target >= +5 with the interval above 0: {'met' if ok else 'MISSED'}"
+            )
+    return lines
+
+
+def outcomes_from(out: Path, rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per-question correctness again, from the run's files (for extra paired differences)."""
+    res: dict[str, dict[str, float]] = {}
+    for r in rows:
+        name = r["policy"]
+        results = out / name / "results.jsonl"
+        if results.is_file():
+            res[name] = {
+                (row := json.loads(line))["id"]: float(bool(row["correct"]))
+                for line in results.read_text().splitlines()
+                if line.strip()
+            }
+        elif (out / name / "accuracy.jsonl").is_file():
+            res[name] = {
+                q["data_id"]: float(q["vote_correct"] or 0)
+                for line in (out / name / "accuracy.jsonl").read_text().splitlines()
+                if line.strip()
+                for q in json.loads(line).get("per_question") or []
+            }
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--questions", type=int, default=None, help="first N test questions only")
+    p.add_argument("--out", default=None, help="run folder (default: a temp folder)")
+    p.add_argument("--config", default=str(ROOT / "configs" / "demo" / "efficacy.yaml"))
+    p.add_argument("demo_args", nargs="*", help="more demo arguments / overrides (after --)")
+    args = p.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="mia-efficacy-"))
+    cmd = [sys.executable, "-m", "mia.cli", "demo", "--config", args.config, "--out", str(out)]
+    if args.questions is not None:
+        cmd += ["--questions", str(args.questions)]
+    cmd += args.demo_args
+    print("$", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(proc.returncode)
+    demo = json.loads((out / "demo.json").read_text())
+    rows = demo["comparison"]
+    extra = {
+        s["policy"]: {
+            "tools": s.get("tool_calls_per_question"),
+            "tokens": s.get("tokens_per_question"),
+            "seconds": (s.get("wall_s") or 0) / max(1, s.get("questions") or 1),
+        }
+        for s in demo["summaries"]
+    }
+    outcomes = outcomes_from(out, rows)
+    lines = targets(rows, outcomes)
+    record = {
+        "command": " ".join(cmd),
+        "world": demo["world"],
+        "questions": demo["questions"],
+        "comparison": rows,
+        "per_question_extra": extra,
+        "targets": lines,
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+    (out / "efficacy.json").write_text(json.dumps(record, indent=2) + "\n")
+    plot(rows, out / "efficacy.png")
+    print()
+    print(format_comparison(rows, extra))
+    print()
+    print("\n".join(lines))
+    print(f"\n{out / 'efficacy.json'}\n{out / 'efficacy.png'}")
+
+
+if __name__ == "__main__":
+    main()
