@@ -376,7 +376,9 @@ class Trainer:
     def _start_ray(self) -> None:
         from mia.rl.ray_utils import start_private_ray
 
-        self._ray_ctx = start_private_ray(self.run_dir, self.cfg.workers.ray_num_cpus)
+        self._ray_ctx = start_private_ray(
+            self.run_dir, self.cfg.workers.ray_num_cpus, self.cfg.workers.ray_address
+        )
 
     def _build_generator(self) -> Any:
         from mia.rl.generators import make_generator
