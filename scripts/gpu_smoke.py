@@ -214,7 +214,9 @@ def check_rollout_vl(work: Path, tiny: bool) -> tuple[str, str]:
             add_special_tokens=False,
         )
         colours = ["red", "green", "blue", "black"]
-        images = [Emblem("emblem", c, "circle", "white", "none", "").render(224) for c in colours * 8]
+        images = [
+            Emblem("emblem", c, "circle", "white", "none", "").render(224) for c in colours * 8
+        ]
         params = SamplingParams(temperature=1.0, max_tokens=128, seed=0)
 
         async def rollouts() -> list[Any]:
