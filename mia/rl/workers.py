@@ -91,7 +91,8 @@ class PolicyWorker:
         with contextlib.suppress(Exception):  # outside Ray (single_process) there is no node
             import ray
 
-            node_id = ray.get_runtime_context().get_node_id()
+            if ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
         return {
             "rank": self.policy.dist.rank,
             "pid": os.getpid(),
