@@ -3,6 +3,8 @@
     python bench/efficacy_bench.py                    # configs/demo/efficacy.yaml, $MIA_HOME
     python bench/efficacy_bench.py --questions 64     # the first 64 test questions only
     python bench/efficacy_bench.py -- ttrl.n=6        # more demo overrides after --
+    python bench/efficacy_bench.py --baselines        # + mem0, amem, expel, memento,
+                                                      #   reasoningbank (configs/demo/baselines.yaml)
 
 It runs ``mia demo --config configs/demo/efficacy.yaml`` (the held-out world seed 1, every
 text test question, policies none / plan_only / rag / mia, then TTRL supervised and no-GT) and
@@ -12,6 +14,11 @@ calls, tokens and seconds per question. It writes ``efficacy.json`` and ``effica
 the run, prints the table and the targets (mia - none >= +10 points with the paired interval
 above 0; TTRL - mia >= +5 points with its interval above 0). Nothing here is tuned on the
 held-out world: docs/results.md lists every choice and when it was made.
+
+``--baselines`` runs configs/demo/baselines.yaml instead: the same questions with none,
+plan_only, rag, the five memory baselines (docs/baselines.md) and mia, no TTRL, in one table,
+and adds the paired difference of mia against each baseline (the paper's expected shape:
+ExpeL and Memento closest to MIA, A-Mem and Mem0 behind).
 """
 
 from __future__ import annotations
@@ -65,6 +72,13 @@ def targets(rows: list[dict], outcomes: dict[str, dict[str, float]]) -> list[str
             f"{100 * d['ci'][1]:+.1f}]: target >= +10 with the interval above 0: "
             f"{'met' if ok else 'MISSED'}"
         )
+    for name in ("mem0", "amem", "expel", "memento", "reasoningbank", "rag", "plan_only"):
+        if name in outcomes and "mia" in outcomes and name in by:
+            ids = sorted(set(outcomes["mia"]) & set(outcomes[name]))
+            m, lo, hi = paired_bootstrap_ci(
+                [outcomes["mia"][i] for i in ids], [outcomes[name][i] for i in ids]
+            )
+            lines.append(f"mia - {name} = {100 * m:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]")
     for name in ("ttrl", "ttrl-nogt"):
         if name in outcomes and "mia" in outcomes:
             ids = sorted(set(outcomes[name]) & set(outcomes["mia"]))
@@ -105,9 +119,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--questions", type=int, default=None, help="first N test questions only")
     p.add_argument("--out", default=None, help="run folder (default: a temp folder)")
-    p.add_argument("--config", default=str(ROOT / "configs" / "demo" / "efficacy.yaml"))
+    p.add_argument("--config", default=None, help="demo config (default: efficacy.yaml)")
+    p.add_argument(
+        "--baselines",
+        action="store_true",
+        help="the memory baselines too (configs/demo/baselines.yaml; no TTRL)",
+    )
     p.add_argument("demo_args", nargs="*", help="more demo arguments / overrides (after --)")
     args = p.parse_args()
+    if args.config is None:
+        name = "baselines.yaml" if args.baselines else "efficacy.yaml"
+        args.config = str(ROOT / "configs" / "demo" / name)
     out = Path(args.out or tempfile.mkdtemp(prefix="mia-efficacy-"))
     cmd = [sys.executable, "-m", "mia.cli", "demo", "--config", args.config, "--out", str(out)]
     if args.questions is not None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from mia.errors import MiaError
+
 from .base import Manifest, Retriever
 from .bm25_scoring import ImpactScorer, term_max_and_sorted
 from .config import Bm25Config
@@ -24,9 +26,13 @@ from .corpus import DocStore
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-# bm25s' default splitter (scikit-learn's CountVectorizer pattern); kept here so the query side
-# splits exactly as the corpus was split.
-TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+# Every word, one character included: bm25s' default splitter (scikit-learn's ``\w\w+``) drops
+# "7" and "b", so the query "tower 7" could not find "tower 7". Kept here so the query side splits
+# exactly as the corpus was split; an index records the pattern and its TOKENIZER_VERSION.
+TOKEN_PATTERN = r"(?u)\b\w+\b"
+# Bumped whenever the corpus-side tokenisation changes; an index built with another version is
+# refused with a "rebuild" message instead of being queried with a mismatched splitter.
+TOKENIZER_VERSION = 2
 STOPWORDS_FILE = "stopwords.json"
 TERM_MAX_FILE = "term_max.npy"
 
@@ -76,6 +82,7 @@ def build_bm25(out_dir: Path, cfg: Bm25Config, manifest: Manifest) -> None:
         "variant": cfg.variant,
         "stemmer": cfg.stemmer,
         "token_pattern": TOKEN_PATTERN,
+        "tokenizer_version": TOKENIZER_VERSION,
         "vocab_size": len(vocab),
         "postings_sorted": postings_sorted,  # enables the pruned exact top-k
     }
@@ -104,11 +111,24 @@ class QueryTokenizer:
         return out
 
 
+def check_tokenizer(index_dir: Path, manifest: Manifest) -> None:
+    """Refuse an index tokenised differently from today's queries (it would miss terms silently)."""
+    version = manifest.params.get("tokenizer_version", 1)
+    if version != TOKENIZER_VERSION or manifest.params.get("token_pattern") != TOKEN_PATTERN:
+        raise MiaError(
+            f"index {index_dir} was built with BM25 tokenizer version {version} "
+            f"(pattern {manifest.params.get('token_pattern')!r}, which drops one-character "
+            f"words); this build needs version {TOKENIZER_VERSION}: rebuild it with "
+            "`python -m local_search build`"
+        )
+
+
 class Bm25Retriever(Retriever):
     def __init__(self, index_dir: Path, manifest: Manifest) -> None:
         import bm25s
 
         super().__init__(index_dir, manifest)
+        check_tokenizer(index_dir, manifest)
         self.model = bm25s.BM25.load(index_dir, mmap=True, load_vocab=True)
         self.num_docs = int(self.model.scores["num_docs"])
         if self.num_docs != manifest.num_docs:

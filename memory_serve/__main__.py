@@ -5,6 +5,9 @@ Examples::
     python -m memory_serve                                   # embedded default, 127.0.0.1:5000
     python -m memory_serve llm.config=vllm store.retrieval.top_k=3   # Manager/Planner on vLLM
     python -m memory_serve --port 0 --port-file /tmp/p compress.mode=identity llm.enabled=false
+    python -m memory_serve --proxy http://127.0.0.1:8000/v1   # + OpenAI-compatible memory proxy
+
+The memory inspector is at ``/ui`` (docs/inspector.md); the proxy is docs/proxy.md.
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="re-embed a store built with another embedder instead of refusing to start",
     )
+    parser.add_argument(
+        "--proxy",
+        metavar="UPSTREAM_URL",
+        default=None,
+        help="also serve an OpenAI-compatible /v1/chat/completions that plans from memory and "
+        "forwards to this OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+        "(key from $MIA_PROXY_API_KEY; docs/proxy.md)",
+    )
+    parser.add_argument(
+        "--runs", metavar="DIR", default=None, help="runs folder of the inspector (ui.runs_dir)"
+    )
     add_server_args(parser, default_port=5000, env_prefix="MEMORY_SERVE")
     from memory_serve.config import MemoryServeConfig
     from mia.config import add_help_config
@@ -63,7 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     from memory_serve.store import MemoryStore
     from mia.embedding import build_embedder
 
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.proxy:
+        overrides.append(f"proxy.upstream={args.proxy}")
+    if args.runs:
+        overrides.append(f"ui.runs_dir={args.runs}")
+    cfg = load_config(args.config, overrides)
     db_path = args.db or cfg.db_path or str(mia_home() / "memory" / "memory.sqlite")
     e = cfg.embedder
     embedder = build_embedder(e.model, e.device, e.batch_size, e.max_seq_length)
@@ -80,9 +99,22 @@ def main(argv: list[str] | None = None) -> None:
         cfg.compress.mode,
     )
     app = build_app(service, token=args.token, max_body_bytes=args.max_body_bytes)
+    proxy = getattr(app.state, "proxy", None)
+    if proxy is not None:
+        key = cfg.proxy.api_key_env
+        log.info(
+            "proxy: /v1/chat/completions -> %s (upstream key from $%s: %s)",
+            proxy.upstream,
+            key,
+            "set" if os.environ.get(key) else "unset",
+        )
+    if cfg.ui.enabled:
+        log.info("memory inspector: http://%s:%s/ui", args.host, args.port or "<port>")
     try:
         run_app(app, args.host, args.port, args.port_file)
     finally:
+        if proxy is not None:
+            proxy.tasks.close()
         store.close()
         for backend in {id(b): b for b in (manager, planner) if b is not None}.values():
             asyncio.run(backend.aclose())

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from pathlib import Path as PathLib
+from typing import Any, Literal, TypeVar
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Path, Query
 
+from memory_serve.inspector import PAGES, add_inspector
+from memory_serve.proxy import add_proxy
+from memory_serve.runs import find_runs, load_run
 from memory_serve.service import MemoryService, gather_all
+from memory_serve.store import SORTS
 from mia.http import DEFAULT_MAX_BODY_BYTES, create_app
+from mia.paths import mia_home
 from mia.services import memory as S
+
+MAX_PAGE = 500
 
 Q = TypeVar("Q")
 R = TypeVar("R")
@@ -37,14 +46,24 @@ def build_app(
         token=token,
         max_body_bytes=max_body_bytes,
         health=lambda: {"memories": len(service.store)},
+        pages=PAGES if service.cfg.ui.enabled else (),
     )
     app.state.service = service
 
     @app.post(
-        "/memory", response_model=list[S.MemoryResponse] | S.MemoryResponse, tags=["retrieval"]
+        "/memory",
+        response_model=list[S.MemoryResponse] | S.MemoryResponse,
+        response_model_exclude_unset=True,
+        tags=["retrieval"],
     )
     async def memory(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
-        """Retrieve positive and negative workflows -> ``{context, positive_ids, negative_ids}``."""
+        """Retrieve positive and negative workflows.
+
+        ``{"question": "Who?", "image_caption": ["a face"], "mem_top_k": 2}`` ->
+        ``{context, positive_ids, negative_ids, pos_indices, neg_indices, prompt, indices}``
+        (``prompt`` = ``context`` and ``indices`` = both sides' ids, for the TTRL driver); with
+        ``explain: true`` also every retrieved memory's similarity, normalised similarity,
+        win-rate and score (the numbers that ranked it)."""
         return await _each(body, service.memory)
 
     if service.planner is not None:
@@ -55,19 +74,30 @@ def build_app(
             return await _each(body, service.plan)
 
         @app.post(
+            "/best_plan",
+            response_model=list[S.BestPlanResponse] | S.BestPlanResponse,
+            tags=["planner"],
+        )
+        async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+            """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
+            return await _each(body, service.best_plan)
+
+        @app.post(
             "/judge_replan",
             response_model=list[S.JudgeReplanResponse] | S.JudgeReplanResponse,
             tags=["planner"],
         )
         async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
-            """Reflect on the Executor's trace: replan yes/no."""
+            """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
+            decision, messages, planner}``."""
             return await _each(body, service.judge_replan)
 
         @app.post(
             "/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse, tags=["planner"]
         )
         async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
-            """A supplementary plan (<= 200 words) continuing the planner conversation."""
+            """A supplementary plan (<= 200 words) continuing the planner conversation ->
+            ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
             return await _each(body, service.replan)
 
         @app.post("/replan_train", response_model=S.ReplanTrainResponse, tags=["planner"])
@@ -137,4 +167,55 @@ def build_app(
     async def stats() -> Any:
         return await service.stats()
 
+    @app.get("/memories", response_model=S.MemoryPage, tags=["inspect"])
+    async def list_memories(
+        offset: int = Query(0, ge=0, le=10**9),
+        limit: int = Query(50, ge=1, le=MAX_PAGE),
+        q: str = Query("", max_length=1000),
+        judgement: Literal["correct", "incorrect"] | None = None,
+        bucket: str | None = Query(None, max_length=100),
+        source: str | None = Query(None, max_length=200),
+        sort: Literal[tuple(SORTS)] = "newest",  # type: ignore[valid-type]
+    ) -> Any:
+        """One page of stored memories, filtered (judgement, ``modality/category`` bucket,
+        source), searched (substring of question or summary, or an id) and sorted in SQL."""
+        return await service.list_memories(
+            offset=offset,
+            limit=limit,
+            query=q,
+            judgement=judgement,
+            bucket=bucket,
+            source=source,
+            sort=sort,
+        )
+
+    @app.get("/memories/{memory_id}", response_model=S.MemoryDetail, tags=["inspect"])
+    async def memory_detail(
+        memory_id: int = Path(ge=1, le=2**62), history: int = Query(200, ge=0, le=10_000)
+    ) -> Any:
+        """One memory and its history: the trajectories that used it and whether they succeeded."""
+        return await service.memory_detail(memory_id, history)
+
+    runs_root = PathLib(cfg_runs_dir(service))
+
+    @app.get("/runs", response_model=S.RunsResponse, tags=["inspect"])
+    async def runs() -> Any:
+        """TTRL runs (``accuracy.jsonl``) and evaluations (``summary.json``) under the runs folder."""
+        found, truncated = await asyncio.to_thread(find_runs, runs_root)
+        return {"root": str(runs_root), "runs": found, "truncated": truncated}
+
+    @app.get("/runs/detail", response_model=S.RunDetail, tags=["inspect"])
+    async def run_detail(id: str = Query(min_length=1, max_length=1000)) -> Any:  # noqa: A002
+        """One run's rows: per batch (TTRL) or per policy (evaluation), numbers only."""
+        return await asyncio.to_thread(load_run, runs_root, id)
+
+    if service.cfg.ui.enabled:
+        add_inspector(app)
+    if service.cfg.proxy.upstream:
+        add_proxy(app, service)
+
     return app
+
+
+def cfg_runs_dir(service: MemoryService) -> str:
+    return service.cfg.ui.runs_dir or str(mia_home() / "runs")

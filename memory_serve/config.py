@@ -129,6 +129,8 @@ class PlannerConfig:
         True, "fewer than top_k positives or negatives found: the manager LLM plans"
     )
     replan_top_k: int = option(1, "memories retrieved for /replan")
+    best_plan_samples: int = option(4, "/best_plan: plans sampled, one then picked by the manager")
+    best_plan_temperature: float = option(1.0, "/best_plan: sampling temperature of the plans")
     replan_include_memory: bool = option(
         False, "memories in the replan prompt (the reference had the slot disabled)"
     )
@@ -189,6 +191,45 @@ class LLMRolesConfig:
 
 
 @dataclass
+class UIConfig:
+    enabled: bool = option(
+        True, "GET /ui: the memory inspector page (docs/inspector.md); false = no page"
+    )
+    runs_dir: str | None = option(
+        None, "runs folder shown on the inspector's Runs tab (GET /runs); null = $MIA_HOME/runs"
+    )
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str | None = option(
+        None,
+        "OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1): serve /v1/chat/completions "
+        "with memory (docs/proxy.md); null = no /v1 routes (also --proxy URL)",
+    )
+    api_key_env: str = option(
+        "MIA_PROXY_API_KEY",
+        "environment variable with the upstream's API key (read at start, never logged); unset: "
+        "the client's own Authorization header is forwarded, only when this service has no token",
+    )
+    inject: str = option(
+        "plan",
+        "what a new task gets: plan (the Planner's plan from memory) | memories (the retrieved "
+        "block) | none (forward only, still recorded)",
+    )
+    on_plan_error: str = option(
+        "forward", "planning failed: forward (without a plan) | error (HTTP 502)"
+    )
+    timeout_s: float = option(600.0, "seconds per upstream request")
+    tasks_db: str | None = option(
+        None, "SQLite file of open tasks; null = <db stem>-proxy.sqlite beside the store"
+    )
+    task_ttl_s: float = option(
+        7 * 24 * 3600.0, "tasks without feedback are forgotten after this many seconds"
+    )
+
+
+@dataclass
 class MemoryServeConfig:
     """The Memory Manager (``python -m memory_serve``; paper defaults, docs/reference.md §15)."""
 
@@ -201,6 +242,8 @@ class MemoryServeConfig:
     ttrl: TTRLConfig = section(TTRLConfig, "the TTRL routes (batch_evaluate, consolidate)")
     persist: PersistConfig = section(PersistConfig, "where backups may be read and written")
     llm: LLMRolesConfig = section(LLMRolesConfig, "the LLM roles of the Manager and Planner")
+    ui: UIConfig = section(UIConfig, "the memory inspector page (GET /ui)")
+    proxy: ProxyConfig = section(ProxyConfig, "the OpenAI-compatible memory proxy (/v1 routes)")
 
     def validate(self) -> MemoryServeConfig:
         r, w = self.store.retrieval, self.store.write
@@ -239,6 +282,21 @@ class MemoryServeConfig:
                 self.planner.replan_train_variant in ("image", "text", "auto"),
                 "planner.replan_train_variant must be image|text|auto",
             ),
+            (
+                self.proxy.inject in ("plan", "memories", "none"),
+                "proxy.inject must be plan|memories|none",
+            ),
+            (
+                self.proxy.on_plan_error in ("forward", "error"),
+                "proxy.on_plan_error must be forward|error",
+            ),
+            (
+                self.proxy.upstream is None
+                or str(self.proxy.upstream).startswith(("http://", "https://")),
+                "proxy.upstream must be an http:// or https:// URL",
+            ),
+            (self.proxy.timeout_s > 0, "proxy.timeout_s must be > 0"),
+            (self.proxy.task_ttl_s > 0, "proxy.task_ttl_s must be > 0"),
             (
                 all(rule in SELECTION_RULES for rule in self.ttrl.rules),
                 f"ttrl.rules must be among {list(SELECTION_RULES)}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mia.caption import caption_text
 from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
 from mia.services import memory as S
 
@@ -41,12 +42,8 @@ __all__ = [
 
 
 def normalise_caption(caption: str | list[str] | None) -> str:
-    """The reference accepts a caption string or a list of them (first one used)."""
-    if caption is None:
-        return ""
-    if isinstance(caption, list):
-        caption = next((c for c in caption if isinstance(c, str)), "")
-    return caption.strip()
+    """A caption string or a list of them: the one rule of :func:`mia.caption.caption_text`."""
+    return caption_text(caption)
 
 
 def modality_of(caption: str) -> str:
@@ -134,6 +131,9 @@ class Retrieval:
     positives: tuple[ScoredMemory, ...]
     negatives: tuple[ScoredMemory, ...]
     bucket_size: int = 0
+    # The bucket's raw similarity range (the min-max normalisation's); None: nothing scored.
+    similarity_min: float | None = None
+    similarity_max: float | None = None
 
     @property
     def positive_ids(self) -> list[int]:

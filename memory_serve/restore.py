@@ -38,6 +38,9 @@ ROLLOUT_COLUMNS = (
     "id", "data_id", "question", "image_caption", "plan", "slow_plan", "judgement", "messages",
     "used_memory_ids", "created_at", "extra",
 )  # fmt: skip
+USE_COLUMNS = (
+    "id", "memory_id", "question", "data_id", "success", "source", "result_id", "created_at",
+)  # fmt: skip
 TABLES = ("memories", "plan_pairs", "rollouts")
 
 
@@ -52,6 +55,7 @@ class BackupInfo:
     rows: dict[str, int] = field(default_factory=dict)
     # Highest id each table ever handed out in the backup (ids are never reused).
     sequences: dict[str, int] = field(default_factory=dict)
+    tables: list[str] = field(default_factory=lambda: list(TABLES))  # the tables to copy
 
 
 # ----------------------------------------------------------------------------- field checks
@@ -76,7 +80,7 @@ def _number(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) 
     return float(value)
 
 
-def _choice(value: Any, name: str, allowed: Sequence[str]) -> str:
+def _choice(value: Any, name: str, allowed: Sequence[Any]) -> Any:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r:.40}")
     return value
@@ -140,10 +144,21 @@ def check_rollout(r: dict[str, Any], dim: int) -> None:
     _json(r["extra"], "extra", dict)
 
 
+def check_use(r: dict[str, Any], dim: int) -> None:
+    for name in ("question", "data_id", "source"):
+        _text(r[name], name)
+    for name in ("memory_id",) + (("result_id",) if r["result_id"] is not None else ()):
+        if _count(r[name], name) < 1:
+            raise ValueError(f"{name} must be a positive integer")
+    _choice(r["success"], "success", (0, 1))
+    _number(r["created_at"], "created_at")
+
+
 CHECKS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any], int], None]]] = {
     "memories": (MEMORY_COLUMNS, check_memory),
     "plan_pairs": (PLAN_COLUMNS, check_plan_pair),
     "rollouts": (ROLLOUT_COLUMNS, check_rollout),
+    "memory_uses": (USE_COLUMNS, check_use),
 }
 
 
@@ -165,7 +180,7 @@ def open_backup(path: Path, shown: str) -> sqlite3.Connection:
     return conn
 
 
-def read_meta(src: sqlite3.Connection, shown: str, schema_version: str) -> BackupInfo:
+def read_meta(src: sqlite3.Connection, shown: str, schema_versions: Sequence[str]) -> BackupInfo:
     tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     missing = sorted({"meta", *TABLES} - tables)
     if missing:
@@ -177,15 +192,16 @@ def read_meta(src: sqlite3.Connection, shown: str, schema_version: str) -> Backu
         if not isinstance(key, str) or not isinstance(value, str):
             raise BadBackup(f"{shown}: meta rows must be text")
         meta[key] = value
-    if meta.get("schema_version") != schema_version:
+    if meta.get("schema_version") not in schema_versions:
         raise BadBackup(f"{shown}: unsupported schema {meta.get('schema_version')!r}")
     dim = meta.get("dim", "")
     if not dim.isdigit() or not 0 < int(dim) <= 65536 or not meta.get("embedder"):
         raise BadBackup(f"{shown}: meta needs an embedder name and a dimension, got {meta!r:.200}")
     info = BackupInfo(embedder=meta["embedder"], dim=int(dim))
+    info.tables = [t for t in CHECKS if t in tables]
     if "sqlite_sequence" in tables:
         for name, seq in src.execute("SELECT name, seq FROM sqlite_sequence"):
-            if name in TABLES and isinstance(seq, int) and not isinstance(seq, bool):
+            if name in CHECKS and isinstance(seq, int) and not isinstance(seq, bool):
                 info.sequences[name] = max(info.sequences.get(name, 0), seq)
     return info
 
@@ -195,6 +211,8 @@ def copy_rows(
 ) -> BackupInfo:
     """Check every row of every table and insert it (ids kept) through ``dst``."""
     for table, (columns, check) in CHECKS.items():
+        if table not in info.tables:
+            continue
         cols = ", ".join(columns)
         try:
             rows = src.execute(f"SELECT {cols} FROM {table} ORDER BY rowid")

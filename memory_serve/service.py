@@ -9,6 +9,7 @@ any write).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -31,9 +32,11 @@ from memory_serve.persist import (
 from memory_serve.records import (
     CORRECT,
     TEXT_IMAGE,
+    MemoryRecord,
     NewMemory,
     Retrieval,
     Rollout,
+    ScoredMemory,
     WriteResult,
     modality_of,
     normalise_caption,
@@ -125,6 +128,41 @@ def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcom
     )
 
 
+def _scored(rank: int, m: ScoredMemory) -> S.ScoredMemory:
+    rec = m.record
+    return S.ScoredMemory(
+        rank=rank,
+        id=rec.id,
+        question=rec.question,
+        workflow_summary=rec.workflow_summary,
+        judgement=rec.judgement,
+        usage_count=rec.usage_count,
+        success_count=rec.success_count,
+        similarity=m.similarity,
+        normalised=m.normalised,
+        win_rate=rec.win_rate,
+        score=m.score,
+    )
+
+
+def _row(rec: MemoryRecord) -> S.MemoryRow:
+    return S.MemoryRow(
+        id=rec.id,
+        data_id=rec.data_id,
+        question=rec.question,
+        image_caption=rec.image_caption,
+        workflow_summary=rec.workflow_summary,
+        judgement=rec.judgement,
+        usage_count=rec.usage_count,
+        success_count=rec.success_count,
+        win_rate=rec.win_rate,
+        modality=rec.modality,
+        category=rec.category,
+        created_at=rec.created_at,
+        source=rec.source,
+    )
+
+
 class MemoryService:
     def __init__(
         self,
@@ -205,6 +243,11 @@ class MemoryService:
 
     async def _retrieve(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str]:
         """The query's memories and its modality."""
+        found, _, modality, _ = await self._retrieve_where(q, k)
+        return found, modality
+
+    async def _retrieve_where(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str, str, str]:
+        """The query's memories, caption, modality and category."""
         caption, modality, category = await self._where(q)
         found = await asyncio.to_thread(
             self.store.retrieve,
@@ -216,7 +259,7 @@ class MemoryService:
             pass_num=q.pass_num,
             min_similarity=q.min_similarity,
         )
-        return found, modality
+        return found, caption, modality, category
 
     def _k(self, q: S.MemoryQuery, default: int | None = None) -> int:
         if q.mem_top_k is not None:
@@ -230,13 +273,39 @@ class MemoryService:
     # ------------------------------------------------------------------ retrieval / planning
 
     async def memory(self, q: S.MemoryQuery) -> S.MemoryResponse:
-        r, _ = await self._retrieve(q, self._k(q))
+        k = self._k(q)
+        r, caption, modality, category = await self._retrieve_where(q, k)
+        explain = None
+        if q.explain:
+            rc = self.cfg.store.retrieval
+            explain = S.RetrievalExplain(
+                modality=modality,
+                category=category,
+                bucket_size=r.bucket_size,
+                similarity_min=r.similarity_min,
+                similarity_max=r.similarity_max,
+                caption_used=bool(caption),
+                question_weight=rc.question_weight,
+                caption_weight=rc.caption_weight,
+                similarity_weight=rc.similarity_weight,
+                win_rate_weight=rc.win_rate_weight,
+                min_similarity=rc.min_similarity if q.min_similarity is None else q.min_similarity,
+                top_k=k,
+                pass_num=q.pass_num,
+                positives=[_scored(i, m) for i, m in enumerate(r.positives, 1)],
+                negatives=[_scored(i, m) for i, m in enumerate(r.negatives, 1)],
+            )
+        context = format_context(r)
         return S.MemoryResponse(
-            context=format_context(r),
+            context=context,
             positive_ids=r.positive_ids,
             negative_ids=r.negative_ids,
             pos_indices=r.positive_ids,
             neg_indices=r.negative_ids,
+            prompt=context,
+            indices=r.positive_ids + r.negative_ids,
+            # Set only when asked: the route leaves unset fields out (the reference's payload).
+            **({"explain": explain} if explain is not None else {}),
         )
 
     async def plan(self, q: S.MemoryQuery) -> S.PlanResponse:
@@ -259,6 +328,52 @@ class MemoryService:
             planner=who,  # type: ignore[arg-type]
         )
 
+    async def best_plan(self, q: S.MemoryQuery) -> S.BestPlanResponse:
+        """Sample several plans (T=1 by default), let the manager LLM pick one (§3.1)."""
+        p = self.cfg.planner
+        k = self._k(q)
+        r, modality = await self._retrieve(q, k)
+        context = format_context(r)
+        messages = plan_messages(context, q.question, image=modality == TEXT_IMAGE)
+        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
+        if backend is None:
+            raise ApiError(503, "no LLM configured for this route", "llm_unavailable")
+        params = sampling(backend, temperature=p.best_plan_temperature, max_tokens=p.max_tokens)
+        params = dataclasses.replace(params or SamplingParams(), seed=None)
+
+        async def one() -> tuple[str, str]:
+            for _ in range(1 + p.empty_retries):
+                text = (await self._chat(backend, messages, params)).text
+                plan = _non_empty(text)
+                if plan is not None:
+                    return text, plan
+            raise ApiError(502, f"the {who} LLM gave no plan", "llm_empty")
+
+        drafts = await gather_all([one() for _ in range(p.best_plan_samples)])
+        plans = [plan for _, plan in drafts]
+        prompt = choose_plan_prompt(q.question, context, plans)
+        _, pick = await self._ask(
+            self.manager,
+            "manager",
+            [{"role": "user", "content": prompt}],
+            f"plan number (1 to {len(plans)})",
+            lambda text: ttrl.parse_choice(text, len(plans)),
+        )
+        messages.append({"role": "assistant", "content": drafts[pick][0]})
+        return S.BestPlanResponse(
+            plan=plans[pick],
+            messages=messages,
+            memory_ids=r.positive_ids + r.negative_ids,
+            positive_ids=r.positive_ids,
+            negative_ids=r.negative_ids,
+            pos_indices=r.positive_ids,
+            neg_indices=r.negative_ids,
+            context=context,
+            planner=who,  # type: ignore[arg-type]
+            selected_plan_number=str(pick + 1),
+            all_plans=plans,
+        )
+
     async def judge_replan(self, req: S.JudgeReplanRequest) -> S.JudgeReplanResponse:
         messages = judge_messages(S.dump_messages(req.past_messages), req.workflow)
         # As /plan: a question planned on a cold start is also judged by the manager.
@@ -269,24 +384,37 @@ class MemoryService:
         )
         messages.append({"role": "assistant", "content": text})
         return S.JudgeReplanResponse(
-            need_replan=need,
+            need_replan="yes" if need else "no",
+            replan_needed=need,
             decision="yes" if need else "no",
             messages=messages,
             planner=who,  # type: ignore[arg-type]
         )
 
     async def replan(self, req: S.ReplanRequest) -> S.ReplanResponse:
+        # The reference's rule (docs/reference.md §3.1): retrieve ``top_k + pass_num`` of each
+        # side from the top, and plan with the manager LLM when either side has fewer. Its
+        # driver sends mem_top_k=0, pass_num=2: two of each, so a young store is a cold start.
         k = self._k(req, self.cfg.planner.replan_top_k)
-        r, _ = await self._retrieve(req, k)
-        memory = format_context(r) if self.cfg.planner.replan_include_memory else None
+        n = k + req.pass_num
+        r, _ = await self._retrieve(req.model_copy(update={"pass_num": 0}), n)
+        memory = None
+        if self.cfg.planner.replan_include_memory:  # positions [pass_num, pass_num + k)
+            skip = req.pass_num
+            memory = format_context(
+                Retrieval(r.positives[skip : skip + k], r.negatives[skip : skip + k])
+            )
         messages = replan_messages(S.dump_messages(req.past_messages), req.question, memory)
-        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
+        backend, who = self._pick(len(r.positives) < n or len(r.negatives) < n)
         text, replan = await self._ask(backend, who, messages, "revised plan", _non_empty)
         messages.append({"role": "assistant", "content": text})
         return S.ReplanResponse(
             replan=replan,
             messages=messages,
             planner=who,  # type: ignore[arg-type]
+            pos_indices=[],
+            neg_indices=[],
+            memory_ids=r.positive_ids + r.negative_ids,
         )
 
     async def replan_train(self, req: S.ReplanTrainRequest) -> S.ReplanTrainResponse:
@@ -401,6 +529,55 @@ class MemoryService:
                 for r in records
                 if r.data_id in wanted and (req.source is None or r.source == req.source)
             ]
+        )
+
+    # ------------------------------------------------------------------ inspection
+
+    async def list_memories(
+        self,
+        *,
+        offset: int,
+        limit: int,
+        query: str,
+        judgement: str | None,
+        bucket: str | None,
+        source: str | None,
+        sort: str,
+    ) -> S.MemoryPage:
+        modality = category = None
+        if bucket:
+            modality, _, category = bucket.partition("/")
+            if modality not in S.MODALITIES or category not in S.CATEGORIES:
+                raise ApiError(422, f"bucket must be <modality>/<category>, got {bucket[:100]!r}")
+        try:
+            total, recs = await asyncio.to_thread(
+                self.store.page,
+                offset=offset,
+                limit=limit,
+                query=query,
+                judgement=judgement,
+                modality=modality,
+                category=category,
+                source=source,
+                sort=sort,
+            )
+        except MiaError as err:
+            raise ApiError(422, str(err)) from None
+        return S.MemoryPage(
+            total=total, offset=offset, limit=limit, memories=[_row(r) for r in recs]
+        )
+
+    async def memory_detail(self, memory_id: int, history: int) -> S.MemoryDetail:
+        rec = self.store.get(memory_id)
+        if rec is None:
+            raise ApiError(404, f"no memory {memory_id}", "no_such_memory")
+        uses, rows = await asyncio.to_thread(self.store.history, memory_id, limit=history)
+        return S.MemoryDetail(
+            memory=_row(rec),
+            plan=rec.plan,
+            extra=rec.extra,
+            uses=uses,
+            history=[S.MemoryUse(**u) for u in rows],
         )
 
     # ------------------------------------------------------------------ TTRL

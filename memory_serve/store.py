@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,7 +52,10 @@ from mia.errors import MiaError
 log = logging.getLogger("memory_serve.store")
 T = TypeVar("T")
 
-SCHEMA_VERSION = "1"
+# Version 2 added the ``memory_uses`` history table (and paging indexes); a version-1 file is
+# migrated in place when opened (the new table starts empty: nothing recorded uses before).
+SCHEMA_VERSION = "2"
+READABLE_SCHEMAS = ("1", "2")
 Bucket = tuple[str, str]  # (modality, category)
 
 _SCHEMA = """
@@ -106,6 +109,33 @@ CREATE TABLE IF NOT EXISTS rollouts (
 );
 """
 
+# Schema 2: which trajectories used a memory (one row per credited use) + paging indexes.
+_SCHEMA_2 = """
+CREATE TABLE IF NOT EXISTS memory_uses (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    memory_id INTEGER NOT NULL,
+    question TEXT NOT NULL,
+    data_id TEXT NOT NULL DEFAULT '',
+    success INTEGER NOT NULL CHECK (success IN (0, 1)),
+    source TEXT NOT NULL DEFAULT '',
+    result_id INTEGER,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS memory_uses_memory ON memory_uses (memory_id, id);
+-- Everything the inspector filters, sorts and searches on, without the embedding blobs: its
+-- pages scan this (a few MB per 100k memories) instead of the table (~3 kB a row).
+CREATE INDEX IF NOT EXISTS memories_listing ON memories (
+    id, judgement, modality, category, source, win_rate, usage_count, question, workflow_summary
+);
+"""
+SORTS = {
+    "newest": "id DESC",
+    "oldest": "id ASC",
+    "win_rate": "win_rate DESC, id DESC",
+    "win_rate_asc": "win_rate ASC, id DESC",
+    "uses": "usage_count DESC, id DESC",
+}
+
 _MEMORY_COLS = (
     "id, data_id, question, image_caption, workflow_summary, plan, judgement, usage_count, "
     "success_count, win_rate, modality, category, created_at, source, extra"
@@ -114,6 +144,16 @@ _PLAN_COLS = (
     "id, data_id, question, image_caption, correct_plan, incorrect_plan, modality, category, "
     "created_at, extra"
 )
+
+
+@dataclass(frozen=True)
+class Use:
+    """The trajectory behind a credit: one row of a memory's history."""
+
+    question: str = ""
+    data_id: str = ""
+    source: str = ""
+    result_id: int | None = None  # the memory that trajectory became (None: not stored)
 
 
 def _blob(vec: np.ndarray) -> bytes:
@@ -187,7 +227,7 @@ class MemoryStore:
         with self._write_lock:
             try:
                 self._conn = self._connect()
-                self._conn.executescript(_SCHEMA)
+                self._conn.executescript(_SCHEMA + _SCHEMA_2)
                 self._check_meta(reembed_on_mismatch)
                 self._load()
             except (sqlite3.DatabaseError, ValueError, TypeError) as err:
@@ -233,10 +273,20 @@ class MemoryStore:
 
     def _check_meta(self, reembed_on_mismatch: bool) -> None:
         meta = self._meta()
-        if meta.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        version = meta.get("schema_version", SCHEMA_VERSION)
+        if version not in READABLE_SCHEMAS:
             raise MiaError(
-                f"{self.db_path}: memory schema version {meta['schema_version']} "
-                f"(this MIA reads version {SCHEMA_VERSION})"
+                f"{self.db_path}: memory schema version {version} "
+                f"(this MIA reads versions {', '.join(READABLE_SCHEMAS)})"
+            )
+        if version != SCHEMA_VERSION:
+            # The tables and indexes of the newer schema were created above (IF NOT EXISTS);
+            # writing the meta row below completes the migration.
+            log.info(
+                "%s: memory schema %s -> %s (memory history table added)",
+                self.db_path,
+                version,
+                SCHEMA_VERSION,
             )
         same = meta.get("embedder") == self.embedder.name and meta.get("dim") == str(self.dim)
         if not meta or same:
@@ -345,11 +395,17 @@ class MemoryStore:
             )
             with self._txn() as cur:
                 if replaced is not None:
-                    cur.execute("DELETE FROM memories WHERE id = ?", (replaced,))
+                    self._delete_rows(cur, [replaced])
                 new_rec = None
                 if action != "kept_existing":
                     new_rec = self._insert_memory(cur, mem, judgement, modality, q_emb, c_emb)
-                credited = self._credit(cur, used, judgement == CORRECT)
+                use = Use(
+                    question=mem.question,
+                    data_id=mem.data_id,
+                    source=mem.source,
+                    result_id=new_rec.id if new_rec is not None else dup_id,
+                )
+                credited = self._credit(cur, used, judgement == CORRECT, use)
                 evicted = self._evict_memories(cur) if new_rec is not None else []
             with self._index_lock:
                 if replaced is not None:
@@ -436,9 +492,13 @@ class MemoryStore:
             extra=dict(mem.extra),
         )
 
-    def _credit(self, cur: sqlite3.Cursor, ids: Iterable[int], success: bool) -> list[MemoryRecord]:
-        """usage+1 (success+1 if the trajectory was correct), win_rate = success / usage."""
+    def _credit(
+        self, cur: sqlite3.Cursor, ids: Iterable[int], success: bool, use: Use | None = None
+    ) -> list[MemoryRecord]:
+        """usage+1 (success+1 if the trajectory was correct), win_rate = success / usage; each
+        credited use is also a row of the memory's history (``memory_uses``)."""
         updated = []
+        now = time.time()
         for item_id in ids:
             rec = self._records.get(int(item_id))
             if rec is None:  # evicted, replaced or never existed: nothing to credit
@@ -450,14 +510,24 @@ class MemoryStore:
                 "UPDATE memories SET usage_count = ?, success_count = ?, win_rate = ? WHERE id = ?",
                 (usage, succ, win, rec.id),
             )
+            u = use or Use()
+            cur.execute(
+                "INSERT INTO memory_uses (memory_id, question, data_id, success, source, "
+                "result_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (rec.id, u.question, u.data_id, int(success), u.source, u.result_id, now),
+            )
             updated.append(replace(rec, usage_count=usage, success_count=succ, win_rate=win))
         return updated
 
-    def credit(self, ids: Iterable[int], success: bool) -> list[int]:
-        """Win-rate credit without a new memory; returns the ids that exist and were updated."""
+    def credit(
+        self, ids: Iterable[int], success: bool, *, question: str = "", data_id: str = ""
+    ) -> list[int]:
+        """Win-rate credit without a new memory; returns the ids that exist and were updated.
+        ``question``/``data_id``: the trajectory that used them (kept in their history)."""
+        use = Use(question=question, data_id=data_id)
         with self._write_lock:
             with self._txn() as cur:
-                credited = self._credit(cur, list(dict.fromkeys(ids)), success)
+                credited = self._credit(cur, list(dict.fromkeys(ids)), success, use)
             with self._index_lock:
                 for rec in credited:
                     self._records[rec.id] = rec
@@ -476,8 +546,14 @@ class MemoryStore:
             (count - cap,),
         ).fetchall()
         ids = [int(r[0]) for r in rows]
-        cur.executemany("DELETE FROM memories WHERE id = ?", [(i,) for i in ids])
+        self._delete_rows(cur, ids)
         return ids
+
+    @staticmethod
+    def _delete_rows(cur: sqlite3.Cursor, ids: Sequence[int]) -> None:
+        """Memories and their history."""
+        cur.executemany("DELETE FROM memories WHERE id = ?", [(i,) for i in ids])
+        cur.executemany("DELETE FROM memory_uses WHERE memory_id = ?", [(i,) for i in ids])
 
     def _index_record(self, rec: MemoryRecord, q: np.ndarray, c: np.ndarray) -> None:
         self._records[rec.id] = rec
@@ -496,7 +572,7 @@ class MemoryStore:
         with self._write_lock:
             present = [i for i in ids if i in self._records]
             with self._txn() as cur:
-                cur.executemany("DELETE FROM memories WHERE id = ?", [(i,) for i in present])
+                self._delete_rows(cur, present)
             with self._index_lock:
                 for i in present:
                     self._drop_record(i)
@@ -582,7 +658,9 @@ class MemoryStore:
                     for i in rows
                 )
 
-            return Retrieval(scored(pos), scored(neg), len(index))
+            return Retrieval(
+                scored(pos), scored(neg), len(index), float(sim.min()), float(sim.max())
+            )
 
     # ------------------------------------------------------------------ plan pairs
 
@@ -778,6 +856,81 @@ class MemoryStore:
         with self._index_lock:
             return [self._records[i] for i in sorted(self._records)]
 
+    def page(
+        self,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        query: str = "",
+        judgement: str | None = None,
+        modality: str | None = None,
+        category: str | None = None,
+        source: str | None = None,
+        sort: str = "newest",
+    ) -> tuple[int, list[MemoryRecord]]:
+        """``(matching count, one page of memories)``, filtered and sorted in SQL (never the
+        whole store in Python). ``query``: case-insensitive substring of the question or the
+        workflow summary (a number also matches that id)."""
+        if sort not in SORTS:
+            raise MiaError(f"unknown sort {sort!r} (known: {list(SORTS)})")
+        where: list[str] = ["1"]
+        args: list[Any] = []
+        for column, value in (
+            ("judgement", judgement),
+            ("modality", modality),
+            ("category", category),
+            ("source", source),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        text = query.strip()
+        if text:
+            like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            match = "question LIKE ? ESCAPE '\\' OR workflow_summary LIKE ? ESCAPE '\\'"
+            args.extend([like, like])
+            if text.lstrip("#").isdigit() and len(text) < 19:
+                match += " OR id = ?"
+                args.append(int(text.lstrip("#")))
+            where.append(f"({match})")
+        cond = " AND ".join(where)
+        source_sql = "memories INDEXED BY memories_listing"  # covering: no blob is read
+        with self._write_lock:
+            total = self._conn.execute(f"SELECT COUNT(*) FROM {source_sql} WHERE {cond}", args)
+            total = int(total.fetchone()[0])
+            ids = self._conn.execute(
+                f"SELECT id FROM {source_sql} WHERE {cond} ORDER BY {SORTS[sort]} LIMIT ? OFFSET ?",
+                [*args, max(0, int(limit)), max(0, int(offset))],
+            ).fetchall()
+            # The in-memory records equal the table while the write lock is held.
+            with self._index_lock:
+                return total, [self._records[int(r[0])] for r in ids]
+
+    def history(self, memory_id: int, *, limit: int = 200) -> tuple[int, list[dict[str, Any]]]:
+        """``(uses, the latest ``limit`` of them)``: the trajectories that used (were credited
+        with) this memory, newest first: question, data_id, success, source, result_id."""
+        with self._write_lock:
+            total = self._conn.execute(
+                "SELECT COUNT(*) FROM memory_uses WHERE memory_id = ?", (int(memory_id),)
+            ).fetchone()[0]
+            rows = self._conn.execute(
+                "SELECT id, question, data_id, success, source, result_id, created_at "
+                "FROM memory_uses WHERE memory_id = ? ORDER BY id DESC LIMIT ?",
+                (int(memory_id), max(0, int(limit))),
+            ).fetchall()
+        return int(total), [
+            {
+                "id": int(r[0]),
+                "question": r[1],
+                "data_id": r[2],
+                "success": bool(r[3]),
+                "source": r[4],
+                "result_id": None if r[5] is None else int(r[5]),
+                "created_at": float(r[6]),
+            }
+            for r in rows
+        ]
+
     def plan_pairs(self) -> list[PlanPair]:
         with self._index_lock:
             return [self._plans[i] for i in sorted(self._plans)]
@@ -794,6 +947,7 @@ class MemoryStore:
             t
             for t, on in (
                 ("memories", memories),
+                ("memory_uses", memories),
                 ("plan_pairs", plan_pairs),
                 ("rollouts", rollouts),
             )
@@ -862,7 +1016,7 @@ class MemoryStore:
         def fill(staging: MemoryStore) -> BackupInfo:
             src = open_backup(path, shown)
             try:
-                info = read_meta(src, shown, SCHEMA_VERSION)
+                info = read_meta(src, shown, READABLE_SCHEMAS)
                 same = info.embedder == self.embedder.name and info.dim == self.dim
                 if not same and not reembed_on_mismatch:
                     raise MiaError(
@@ -922,7 +1076,7 @@ class MemoryStore:
         """AUTOINCREMENT counters at least ``sequences`` (so no id is ever handed out twice)."""
         with self._write_lock, self._txn() as cur:
             for name, seq in sequences.items():
-                if name not in ("memories", "plan_pairs", "rollouts"):
+                if name not in ("memories", "plan_pairs", "rollouts", "memory_uses"):
                     continue
                 cur.execute(
                     "UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = ?", (seq, name)

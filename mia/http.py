@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import hmac
+import html
 import json
 import logging
 import os
@@ -22,11 +24,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mia.errors import MiaError
@@ -115,6 +118,80 @@ def _find_surrogate(value: Any, where: str) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- browser sessions
+#
+# A browser cannot put a bearer token on a page load, so services with pages (memory_serve's
+# inspector) exchange it once for a session cookie: the login form (``POST /login``, the token
+# in the body, never in a URL) or ``GET <page>?token=T`` (for scripts; the answer redirects to
+# the same URL without the token). The cookie holds an HMAC of the token, not the token; it is
+# HttpOnly (page scripts cannot read it) and SameSite=Strict (other sites cannot make the
+# browser send it), and a request authenticated by it that changes anything (not GET/HEAD) must
+# also carry ``X-MIA-UI: 1``, a header a cross-site form cannot set.
+
+BROWSER_HEADER = "x-mia-ui"
+LOGIN_PATH = "/login"
+# Pages may load only what the service itself serves: no CDN, no inline script.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+_LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}: sign in</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<body>
+<h1>{title}</h1>
+<p>This service needs its bearer token (the one given with <code>--token-file</code> or the
+environment variable).</p>
+<p id="login-error" style="color: #b00">{error}</p>
+<form method="post" action="{action}">
+<input type="hidden" name="next" value="{next}">
+<label>Token <input id="login-token" type="password" name="token" autocomplete="off" autofocus
+required></label>
+<button id="login-submit" type="submit">Sign in</button>
+</form></body></html>
+"""
+
+
+def session_cookie_name(port: int | None) -> str:
+    """Cookies are shared by every port of a host: one name per service port."""
+    return f"mia_session_{port or 0}"
+
+
+def session_value(token: str) -> str:
+    """The cookie's value: proof of the token without the token itself."""
+    return hmac.new(token.encode(), b"mia-browser-session-v1", hashlib.sha256).hexdigest()
+
+
+def login_page(title: str, next_path: str, error: str = "", status: int = 401) -> HTMLResponse:
+    page = _LOGIN_PAGE.format(
+        title=html.escape(title),
+        error=html.escape(error),
+        action=LOGIN_PATH,
+        next=html.escape(next_path, quote=True),
+    )
+    return HTMLResponse(page, status_code=status, headers={"Content-Security-Policy": PAGE_CSP})
+
+
+def _safe_next(value: str | None, default: str) -> str:
+    """A local path to go back to after signing in (never another site)."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return default
+    return value
+
+
+def _signed_in(request: Request, target: str, token: str) -> Response:
+    resp = RedirectResponse(target, status_code=303)
+    resp.set_cookie(
+        session_cookie_name(request.url.port),
+        session_value(token),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return resp
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -130,11 +207,15 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     health: Callable[[], dict[str, Any]] | None = None,
     version: str = "0.1.0",
+    pages: tuple[str, ...] = (),
 ) -> FastAPI:
     """A FastAPI app with MIA's envelope, auth, size limit and ``GET /health``.
 
     ``token``: when set, every route except ``/health`` needs ``Authorization: Bearer <token>``.
     ``health``: extra fields for the health payload (called per request).
+    ``pages``: path prefixes of browser pages; with a token they turn on browser sessions (see
+    above): ``POST /login``, ``?token=`` on a page, the session cookie, and a sign-in form
+    instead of a JSON 401 when a page is opened without one.
     """
     if token is not None and not token:
         # An empty token would silently disable auth: a configuration mistake, never intended.
@@ -164,13 +245,40 @@ def create_app(
         # The exception's text may hold server paths or data: it goes to the log, not the client.
         return error_response(500, f"internal error ({type(exc).__name__}); see the service log")
 
+    def _is_page(path: str) -> bool:
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in pages)
+
+    def _auth(request: Request) -> Response | None:
+        """None when the request may go on, else the answer."""
+        token = app.state.token
+        path = request.url.path
+        if not token or path == "/health" or (pages and path == LOGIN_PATH):
+            return None
+        got = request.headers.get("authorization", "")
+        if hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            return None
+        if not pages:
+            return error_response(401, "missing or wrong bearer token")
+        cookie = request.cookies.get(session_cookie_name(request.url.port), "")
+        if cookie and hmac.compare_digest(cookie.encode(), session_value(token).encode()):
+            if request.method not in ("GET", "HEAD") and request.headers.get(BROWSER_HEADER) != "1":
+                return error_response(403, f"a browser session request needs {BROWSER_HEADER}: 1")
+            return None
+        given = request.query_params.get("token")
+        if given is not None and request.method == "GET" and _is_page(path):
+            if hmac.compare_digest(given.encode(), token.encode()):
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                return _signed_in(request, path + (f"?{urlencode(rest)}" if rest else ""), token)
+            return login_page(app.title, path, "wrong token")
+        if request.method == "GET" and _is_page(path):
+            return login_page(app.title, path)
+        return error_response(401, "missing or wrong bearer token")
+
     @app.middleware("http")
     async def _guard(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if request.url.path != "/health" and app.state.token:
-            got = request.headers.get("authorization", "")
-            want = f"Bearer {app.state.token}"
-            if not hmac.compare_digest(got.encode(), want.encode()):
-                return error_response(401, "missing or wrong bearer token")
+        denied = _auth(request)
+        if denied is not None:
+            return denied
         length = request.headers.get("content-length")
         limit = app.state.max_body_bytes
         body: bytes | None = None
@@ -196,6 +304,22 @@ def create_app(
                 422, f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)"
             )
         return await call_next(request)
+
+    if pages:
+
+        @app.post(LOGIN_PATH, include_in_schema=False)
+        async def _login(request: Request) -> Response:
+            """The sign-in form's target: a form body ``token=...&next=/path``."""
+            form = parse_qs((await request.body()).decode("utf-8", "replace"))
+            default = pages[0]
+            target = _safe_next((form.get("next") or [""])[0], default)
+            given = (form.get("token") or [""])[0].strip()
+            token = app.state.token
+            if not token:
+                return RedirectResponse(target, status_code=303)
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return login_page(app.title, target, "wrong token")
+            return _signed_in(request, target, token)
 
     @app.get("/health")
     async def _health() -> dict[str, Any]:
@@ -286,6 +410,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listen now, before the port file is written: a client that reads the file connects into
+    # the backlog instead of being refused while uvicorn is still starting.
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

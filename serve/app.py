@@ -1,5 +1,8 @@
 """The Executor service: runs the Executor loop on a plan (``/execute``) and continues it with a
-revised plan (``/continue``). Route aliases keep the reference's names (``/plan``, ``/replan``).
+revised plan (``/continue``). The reference's routes (``/plan``, ``/replan``, docs/reference.md
+§3.2-3.3) run the same loop and answer in its shape (``prompt``, ``trace``,
+``history_messages``) plus our fields; a request without images takes its question's images
+from ``data_id`` (the ``images_from`` files), as the reference did.
 
 Stateless: ``/continue`` receives the conversation ``/execute`` returned. A tool service that is
 down gives the model an error observation and sets ``tool_error`` in the response; a failing LLM
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,10 +22,18 @@ from fastapi import FastAPI
 from mia.agent import ChatPolicy, ExecutorLoop, ReplanLimitError, ToolSet, Trajectory
 from mia.agent.config import AgentConfig
 from mia.agent.images import is_image_part, part_url
+from mia.agent.loop import ExecutorTask
 from mia.errors import MiaError
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.llm.base import ChatBackend, LLMError
-from mia.services.serve import ContinueRequest, ExecuteRequest, ExecuteResponse
+from mia.prompts.planner import judge_prompt
+from mia.services.serve import (
+    ContinueRequest,
+    ExecuteRequest,
+    ExecuteResponse,
+    ReferenceReplanRequest,
+    ReferenceResponse,
+)
 from mia.vision import ImageError, is_data_url, load_image
 
 # ---------------------------------------------------------------------------- service
@@ -88,8 +100,11 @@ class ExecutorService:
         max_concurrency: int = 8,
         chars_per_token: float = 3.0,
         image_tokens: int = 256,
+        images_by_id: Mapping[str, Sequence[bytes]] | None = None,
     ) -> None:
         self.backend = backend
+        # data_id -> the question's encoded images (the reference kept only the first).
+        self.images_by_id = dict(images_by_id or {})
         self.tools = tools
         policy = ChatPolicy(backend, chars_per_token=chars_per_token, image_tokens=image_tokens)
         self.loop = ExecutorLoop(policy, tools, agent)
@@ -116,8 +131,18 @@ class ExecutorService:
             except MiaError as err:
                 raise ApiError(422, str(err)) from None
 
+    def _images(self, req: ExecuteRequest | ContinueRequest | ReferenceReplanRequest) -> list[Any]:
+        """The request's images, else those registered for its ``data_id``, else none."""
+        if req.images:
+            return decode_images(req.images)
+        stored = self.images_by_id.get(str(req.data_id)) if req.data_id is not None else None
+        try:
+            return [load_image(data) for data in stored or ()]
+        except ImageError as err:
+            raise ApiError(422, f"data_id {req.data_id}: {err}", "bad_image") from None
+
     async def execute(self, req: ExecuteRequest) -> dict[str, Any]:
-        images = decode_images(req.images)
+        images = self._images(req)
         task = {
             "question": req.question,
             "images": images,
@@ -129,17 +154,58 @@ class ExecutorService:
 
     async def continue_(self, req: ContinueRequest) -> dict[str, Any]:
         check_message_images(req.messages)
-        images = decode_images(req.images)
+        return await self._continue(req, req.messages, self._images(req), None)
+
+    async def _continue(
+        self,
+        req: ContinueRequest | ReferenceReplanRequest,
+        messages: list[dict[str, Any]],
+        images: list[Any],
+        plan: str | None,
+    ) -> dict[str, Any]:
         data_id = None if req.data_id is None else str(req.data_id)
 
         async def work() -> Trajectory:
-            traj = self.loop.resume(req.question, req.messages, images=images, data_id=data_id)
+            traj = self.loop.resume(
+                req.question, messages, images=images, data_id=data_id, plan=plan
+            )
             return await self.loop.continue_with_plan(traj, req.replan)
 
         traj = await self._guard(work())
         attempt = traj.attempts[-1]
         calls = [c for c in traj.tool_calls if c.attempt == len(traj.attempts) - 1]
-        return _response(traj, trace=traj.attempt_trace(-1), turns=attempt.turns, calls=calls)
+        out = _response(traj, trace=traj.attempt_trace(-1), turns=attempt.turns, calls=calls)
+        out["history_messages"] = traj.history()
+        return out
+
+    async def plan_reference(self, req: ExecuteRequest) -> dict[str, Any]:
+        """The reference's ``/plan``: run the plan; answer with the reflection prompt too."""
+        images = self._images(req)
+        task = {
+            "question": req.question,
+            "images": images,
+            "plan": req.plan,
+            "data_id": None if req.data_id is None else str(req.data_id),
+        }
+        traj = await self._guard(self.loop.run(task))
+        out = _response(traj, trace=traj.trace, turns=traj.turns, calls=traj.tool_calls)
+        return {"prompt": judge_prompt(traj.trace), "history_messages": traj.history(), **out}
+
+    async def replan_reference(self, req: ReferenceReplanRequest) -> dict[str, Any]:
+        """The reference's ``/replan``: ``messages`` is the history after the first prompt, which
+        is rebuilt from ``question``, ``plan`` and the images (``data_id``) as ``/plan`` made it."""
+        check_message_images(req.messages)
+        images = self._images(req)
+        messages = req.messages
+        if messages[0].get("role") == "assistant":
+            task = ExecutorTask(question=req.question, images=images, plan=req.plan or None)
+            try:
+                prefix, _ = self.loop.build_messages(task)
+            except ImageError as err:
+                raise ApiError(422, str(err), "bad_image") from None
+            messages, images = [*prefix, *messages], []
+        out = await self._continue(req, messages, images, req.plan or None)
+        return {"prompt": judge_prompt(out["trace"]), **out}
 
     def health(self) -> dict[str, Any]:
         cfg = self.loop.cfg
@@ -196,12 +262,23 @@ def create_serve_app(
     async def continue_(req: ContinueRequest) -> dict[str, Any]:
         return await service.continue_(req)
 
-    for path in ("/execute", "/plan"):
-        app.post(path, response_model=ExecuteResponse, summary="run the Executor on a plan")(
-            execute
-        )
-    for path in ("/continue", "/replan"):
-        app.post(path, response_model=ExecuteResponse, summary="continue with a revised plan")(
-            continue_
-        )
+    app.post("/execute", response_model=ExecuteResponse, summary="run the Executor on a plan")(
+        execute
+    )
+    app.post("/continue", response_model=ExecuteResponse, summary="continue with a revised plan")(
+        continue_
+    )
+
+    @app.post("/plan", response_model=ReferenceResponse, summary="the reference's /plan")
+    async def plan(req: ExecuteRequest) -> dict[str, Any]:
+        """``{"data_id", "question", "plan"}`` -> ``{prompt, trace, history_messages, ...}``:
+        the run of ``/execute`` plus the reflection prompt wrapping its trace."""
+        return await service.plan_reference(req)
+
+    @app.post("/replan", response_model=ReferenceResponse, summary="the reference's /replan")
+    async def replan(req: ReferenceReplanRequest) -> dict[str, Any]:
+        """``{"data_id", "question", "plan", "messages": <history_messages>, "replan"}`` ->
+        ``{prompt, trace (new turns), history_messages (the whole extended chat), ...}``."""
+        return await service.replan_reference(req)
+
     return app

@@ -18,8 +18,8 @@ log = logging.getLogger("serve")
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m serve",
-        description="Executor service: POST /execute (alias /plan), POST /continue (alias "
-        "/replan), GET /health. Trailing key=value arguments override the config "
+        description="Executor service: POST /execute, POST /continue, the reference's "
+        "POST /plan and POST /replan, GET /health. Trailing key=value arguments override the config "
         "(e.g. llm.backend=openai llm.base_url=http://127.0.0.1:8000/v1 "
         "agent.tools.search.params.backend=web).",
     )
@@ -59,11 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     from mia.llm.config import build_backend
 
     from .app import ExecutorService, create_serve_app
-    from .config import load_serve_config
+    from .config import load_images_by_id, load_serve_config
 
     cfg = load_serve_config(args.config, args.overrides, args.agent_config)
     print(f"serve: {_describe(cfg)}", flush=True)
     tools = build_tools(cfg.agent.tools)  # config errors before the (slow) model load
+    images_by_id = load_images_by_id(cfg.images_from)
     backend = build_backend(cfg.llm, name="executor")
     service = ExecutorService(
         backend,
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         max_concurrency=cfg.max_concurrency,
         chars_per_token=cfg.chars_per_token,
         image_tokens=cfg.image_tokens,
+        images_by_id=images_by_id,
     )
     app = create_serve_app(service, token=args.token, max_body_bytes=args.max_body_bytes)
     try:

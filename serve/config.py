@@ -44,6 +44,11 @@ class ServeConfig:
         3.0, "context estimate when the LLM does not report token counts"
     )
     image_tokens: int = option(256, "context estimate per image")
+    images_from: list[str] = option(
+        [],
+        "QA files (parquet / JSON / JSONL, the reference formats) whose images a request without "
+        "images gets by its data_id (the first image, as the reference's Executor services did)",
+    )
 
     def validate(self) -> ServeConfig:
         if self.max_concurrency < 1:
@@ -53,6 +58,20 @@ class ServeConfig:
         self.llm.validate("serve config: llm")
         self.agent.validate()
         return self
+
+
+def load_images_by_id(paths: Sequence[str]) -> dict[str, list[bytes]]:
+    """``images_from`` read once at start-up: data_id -> ``[first image]`` (questions with images)."""
+    from mia.data.formats import DataFormatError, load_qa
+
+    out: dict[str, list[bytes]] = {}
+    for path in paths:
+        try:
+            items = load_qa(path, require_answer=False)
+        except (DataFormatError, OSError) as err:
+            raise MiaError(f"serve config: images_from {path}: {err}") from None
+        out.update({it.id: it.images[:1] for it in items if it.images})
+    return out
 
 
 def load_serve_config(

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 class Call:
     key: str | None
     body: dict[str, Any]
+    path: str = "/search"
 
 
 @dataclass
@@ -57,6 +58,7 @@ class FakeSerper:
         self.expected_key = expected_key
         self.calls: list[Call] = []
         self.responses: dict[str, dict[str, Any]] = {}
+        self.images: dict[str, dict[str, Any]] = {}
         self.inflight = 0
         self.max_inflight = 0
         self._failures: list[_Failure] = []
@@ -67,6 +69,7 @@ class FakeSerper:
         with self._lock:
             self.calls.clear()
             self.responses.clear()
+            self.images.clear()
             self._failures.clear()
             self.expected_key = None
             self.inflight = self.max_inflight = 0
@@ -108,6 +111,16 @@ class FakeSerper:
             finally:
                 with self._lock:
                     self.inflight -= 1
+
+        @app.post("/images")
+        async def images(request: Request) -> JSONResponse:
+            body = await request.json()
+            key = request.headers.get("x-api-key")
+            with self._lock:
+                self.calls.append(Call(key, body, "/images"))
+            if self.expected_key is not None and key != self.expected_key:
+                return JSONResponse({"message": "Unauthorized."}, status_code=403)
+            return JSONResponse(self.images.get(body["q"], {"images": []}))
 
         return app
 

@@ -37,6 +37,7 @@ def _schemas() -> dict[str, type]:
     from memory_serve.config import MemoryServeConfig
     from mia.agent.config import AgentConfig
     from mia.apps.demo import DemoConfig
+    from mia.apps.warm_start import WarmStartConfig
     from mia.data.world import WorldConfig
     from mia.eval.config import EvalConfig
     from mia.judge import JudgeConfig
@@ -63,7 +64,7 @@ def _schemas() -> dict[str, type]:
         ExecutorTrainConfig, PlannerTrainConfig, TTRLConfig, StreamingServerConfig,
         # engine
         RunConfig, TrainerConfig, PolicyConfig, WorkersConfig, GeneratorConfig, LoggingConfig,
-        SftConfig, PlannerEpisodeConfig,
+        SftConfig, WarmStartConfig, PlannerEpisodeConfig,
         # the rest
         EvalConfig, DemoConfig, AgentConfig, LLMConfig, WorldConfig, JudgeConfig,
         ExecutorRewardConfig, PlannerRewardConfig, NoGTRewardConfig,
@@ -124,6 +125,14 @@ def _role(module: str, schema: str) -> Callable[[Path], dict[str, Any]]:
     return baseline
 
 
+def _warm_start(path: Path) -> dict[str, Any]:
+    """A warm-start recipe's baseline: the SFT recipe it builds on, plus gold_world's defaults."""
+    from mia.apps.warm_start import GoldWorldConfig
+    from mia.rl.sft import compose
+
+    return {**compose(path.stem, []), "gold_world": to_dict(GoldWorldConfig())}
+
+
 def _baselines() -> dict[str, Callable[[Path], dict[str, Any]]]:
     s = _schemas()
     from mia.rewards.config import KINDS
@@ -143,6 +152,8 @@ def _baselines() -> dict[str, Callable[[Path], dict[str, Any]]]:
         "rl/generator.yaml": lambda path: to_dict(s["TrainerConfig"]()).get("generator", {}),
         "serve/*.yaml": _defaults_of(s["ServeConfig"]),
         "web_tools/*.yaml": _defaults_of(s["WebToolsConfig"]),
+        "sft/*.yaml": _defaults_of(s["SftConfig"]),
+        "warm_start/*.yaml": _warm_start,
         "executor_train/**/*.yaml": _role("executor_train.config", "ExecutorTrainConfig"),
         "planner_train/**/*.yaml": _role("planner_train.config", "PlannerTrainConfig"),
         "ttrl/**/*.yaml": _role("ttrl.config", "TTRLConfig"),
@@ -154,8 +165,6 @@ def _baselines() -> dict[str, Callable[[Path], dict[str, Any]]]:
 EXCEPTIONS = {
     "world/*.yaml": "size presets, mirrored field by field from mia.data.world.PRESETS "
     "(test_world keeps them equal); `mia world --size` selects the preset, the files document it",
-    "sft/*.yaml": "the SFT recipes (configs/sft) are being reworked with mia.rl.sft (their data "
-    "section moves out of SftConfig); they are deduplicated with that change",
 }
 
 
@@ -293,6 +302,7 @@ def _in_process() -> dict[str, tuple[Callable[[list[str]], Any], str]]:
     from local_search.cli import main as local_search
     from memory_serve.__main__ import main as memory_serve
     from mia.apps.demo import main as demo
+    from mia.apps.warm_start import main as warm_start
     from mia.eval.cli import main as eval_
     from mia.rl.__main__ import main as mia_rl
     from mia.rl.sft import main as sft
@@ -318,7 +328,8 @@ def _in_process() -> dict[str, tuple[Callable[[list[str]], Any], str]]:
         "mia eval": (eval_, "memory.replan_top_k (int) = 0"),
         "mia demo": (demo, "world.seed (int) = 1"),
         "mia.rl": (mia_rl, "generator.max_batch_size (int) = 64"),
-        "mia.rl.sft": (sft, "data.gold_world.plan (str)"),
+        "mia.rl.sft": (sft, "data.max_length (int | None) = 2048"),
+        "mia.apps.warm_start": (warm_start, "gold_world.plan (str) = both"),
     }
 
 

@@ -202,7 +202,9 @@ def test_parquet_reference_variants(tmp_path):
     pq.write_table(table, tmp_path / "ref.parquet")
     items = load_parquet_qa(tmp_path / "ref.parquet")
     assert items[0].question == "plain string prompt" and items[0].answers == ["g1", "g2"]
-    assert items[0].images == [png] and items[0].image_caption == "cap a\ncap b"
+    assert (
+        items[0].images == [png] and items[0].image_caption == "cap a"
+    )  # the first caption (mia.caption)
     assert items[1].question == "from question column" and items[1].answers == ["h"]
 
 

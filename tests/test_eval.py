@@ -259,6 +259,79 @@ def test_rag_refuses_a_compressing_memory_service(stack: dict[str, Any], tmp_pat
     assert not (tmp_path / "rag" / "results.jsonl").exists()
 
 
+ALL_POLICIES = [
+    "none",
+    "rag",
+    "plan_only",
+    "mem0",
+    "amem",
+    "expel",
+    "memento",
+    "reasoningbank",
+    "mia",
+]
+BASELINES = ["mem0", "amem", "expel", "memento", "reasoningbank"]
+
+
+def test_every_policy_including_the_memory_baselines(stack: dict[str, Any], tmp_path: Path) -> None:
+    """All nine policies on one tiny world, the baselines on the same local LLM as the services
+    (its random replies are junk JSON: counted, never fatal); one comparison table."""
+    cfg = cfg_for(
+        stack,
+        f"policies=[{','.join(ALL_POLICIES)}]",
+        "workers=1",
+        "limit=2",
+        f"baselines.llm.config={stack['root'] / 'llm.yaml'}",
+        "baselines.llm.max_tokens=24",
+    )
+    result = run_eval(cfg, endpoints(stack), tmp_path, progress=False)
+    assert [r.policy for r in result.policies] == ALL_POLICIES
+    table_rows = [line.split()[0] for line in result.table.splitlines()[1:] if line.strip()]
+    assert [p for p in table_rows if p in ALL_POLICIES] == ALL_POLICIES
+    by = {r.policy: r for r in result.policies}
+    for name in BASELINES:
+        r = by[name]
+        assert [row["error"] for row in r.rows] == [None, None], name
+        assert r.summary["memories_written"] == 2 and r.summary["memory_write_errors"] == 0
+        stats = r.summary["baseline"]
+        assert stats["baseline"] == name and stats["writes"] == 2
+        receipts = read_jsonl(tmp_path / name / "memory_writes.jsonl")
+        assert [x["via"] for x in receipts] == ["write", "write"] and "ops" in receipts[0]
+        assert (tmp_path / name / "baseline.sqlite").is_file()
+        first, second = r.rows
+        assert first["used_memory_ids"] == []  # empty memory: nothing retrieved
+        if name in ("expel", "memento"):  # a Planner over the planner role wrote the plan
+            assert first["planner"] == name and isinstance(first["plan"], str)
+            assert first["need_replan"] in (True, False)
+        else:  # the context is the guide; the first question had none
+            assert first["plan"] is None and first["context"] == ""
+    # amem and memento store something whatever the LLM says: the second question saw it.
+    for name in ("amem", "memento"):
+        rows = by[name].rows
+        assert rows[1]["used_memory_from"] == [rows[0]["id"]], name
+    # memento's write needs no LLM: the second question saw the first one's case, as a plan.
+    second = by["memento"].rows[1]
+    assert "## Correct plans from similar past questions" in second["context"]
+    # The random LLM's replies are junk JSON for the LLM-written baselines: counted as no-ops.
+    assert by["mem0"].summary["baseline"]["llm_junk"] >= 1
+    summary = json.loads(result.summary_path.read_text())
+    assert [p["policy"] for p in summary["policies"]] == ALL_POLICIES
+
+    # Rerunning resumes: nothing is asked or written twice.
+    again = run_eval(
+        cfg_for(
+            stack,
+            "policies=[memento]",
+            "limit=2",
+            f"baselines.llm.config={stack['root'] / 'llm.yaml'}",
+        ),
+        endpoints(stack),
+        tmp_path,
+        progress=False,
+    )
+    assert again.policies[0].summary["baseline"]["writes"] == 2
+
+
 # ----------------------------------------------------------------------------- batched order
 
 
@@ -476,7 +549,8 @@ def test_unknown_policy_exits_2(stack: dict[str, Any]) -> None:
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "mia eval: error: eval config: unknown policy 'magic' "
-        "(known: ('none', 'plan_only', 'mia', 'rag'))"
+        "(known: ('none', 'plan_only', 'mia', 'rag', 'mem0', 'amem', 'expel', 'memento', "
+        "'reasoningbank'))"
     )
 
 

@@ -239,5 +239,5 @@ def test_rows_without_a_plan_can_train_the_executor_alone() -> None:
         asyncio.run(asks.plan_for({"question": "q", "plan": None}))
     with pytest.raises(MiaError, match="missing_plan must be"):
         ExecutorEpisode(None, None, judge=RuleJudge(), missing_plan="sometimes")
-    cfg = compose_role("executor_train", "default", ["missing_plan=none"])
-    assert cfg["missing_plan"] == "none"
+    cfg = load_config("default", ["missing_plan=none"])
+    assert cfg.missing_plan == "none"

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -30,17 +31,21 @@ from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
 
 MAX_EXAMPLES = 12  # per operation and generation mode
-# The 5xx a service may answer by design: an upstream (Serper) that is down or refusing.
+# The 5xx a service may answer by design: an upstream (Serper, ddgs, a web page) that is down
+# or refusing.
 UPSTREAM = {"web_tools": {502, 503, 504}}
 
 
-def fuzz(url: str, service: str) -> dict[str, Counter[int]]:
-    """Fuzz every operation of the service at ``url``; returns the status codes seen per route."""
+def fuzz(url: str, service: str, prefix: str = "/") -> dict[str, Counter[int]]:
+    """Fuzz every operation of the service at ``url`` (whose path starts with ``prefix``);
+    returns the status codes seen per route."""
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     seen: dict[str, Counter[int]] = {}
     problems: list[str] = []
     for result in schema.get_all_operations():
         op = result.ok()
+        if not op.label.split(" ", 1)[1].startswith(prefix):
+            continue
         counts = seen.setdefault(op.label, Counter())
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             try:
@@ -146,10 +151,12 @@ def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> N
             seen = fuzz(url, "memory_serve")
     finally:
         store.close()
-    routes = "memory plan judge_replan replan replan_train memories batch_memory_save "
+    routes = "memory plan best_plan judge_replan replan replan_train memories batch_memory_save "
     routes += "memories/find memory_bank_save consolidate_memories batch_evaluate save_memory "
     routes += "load_memory clear_memory"
-    assert {f"POST /{r}" for r in routes.split()} | {"GET /stats", "GET /health"} == set(seen)
+    gets = {"GET /stats", "GET /health", "GET /memories", "GET /memories/{memory_id}"}
+    gets |= {"GET /runs", "GET /runs/detail"}
+    assert {f"POST /{r}" for r in routes.split()} | gets == set(seen)
     # Whatever was written stayed inside the sandbox (relative paths resolve there).
     assert {p.name for p in tmp_path.iterdir()} <= {
         "sandbox",
@@ -159,26 +166,76 @@ def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> N
     }
 
 
+def test_fuzz_memory_serve_proxy(tmp_path: Path, no_unhandled: None) -> None:
+    """The proxy's routes (``--proxy``) in front of a local fake upstream that always answers."""
+    from memory_serve.app import build_app
+    from memory_serve.config import load_config
+    from memory_serve.service import MemoryService
+    from memory_serve.store import MemoryStore
+    from mia.embedding import shared_embedder
+    from tests.fake_openai import FakeOpenAI
+
+    upstream = FakeOpenAI(lambda body: {"content": "It is in Paris."}, chunk_delay_s=0.0)
+    reply = ScriptedChat(lambda m: "1. Search (q -> a)")
+    with ServerThread(upstream.app) as up:
+        cfg = load_config(None, [f"proxy.upstream={up}/v1", "proxy.timeout_s=30"])
+        store = MemoryStore(tmp_path / "m.sqlite", shared_embedder(), cfg.store)
+        app = build_app(MemoryService(cfg, store, reply, reply))
+        try:
+            with ServerThread(app) as url:
+                # One real task first, so feedback/task cases can meet an existing id too.
+                r = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "Where?"}]},
+                    timeout=60,
+                )
+                assert r.status_code == 200, r.text
+                seen = fuzz(url, "memory_serve_proxy", prefix="/v1/")  # the rest: above
+        finally:
+            app.state.proxy.tasks.close()
+            store.close()
+    proxy_routes = {
+        "POST /v1/chat/completions",
+        "GET /v1/models",
+        "POST /v1/feedback",
+        "GET /v1/tasks/{task_id}",
+    }
+    assert proxy_routes == set(seen)
+    # The documented body shape lets the fuzzer reach the upstream, not only the 422 door.
+    assert seen["POST /v1/chat/completions"][200] > 0, seen
+
+
 def test_fuzz_web_tools(tmp_path: Path, no_unhandled: None) -> None:
     from fake_serper import FakeSerper
 
     from web_tools.config import WebToolsConfig
     from web_tools.server import build_app
 
+    def ddgs_call(kind: str, query: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        # ddgs' network call, faked (it cannot be pointed at a local server); no images, so
+        # /image_search fetches nothing from outside.
+        if kind == "images":
+            return []
+        return [{"title": query, "href": "https://d.example/1", "body": "b"}]
+
     fake = FakeSerper(expected_key="k")
     with ServerThread(fake.app) as serper:
         config = WebToolsConfig(
-            serper_url=serper,
+            serper_url=f"{serper}/search",
+            serper_images_url=f"{serper}/images",
             cache_path=str(tmp_path / "cache.sqlite"),
             rate_limit_qps=0.0,
             timeout_s=5.0,
+            max_retries=1,
             backoff_base_s=0.001,
             backoff_max_s=0.01,
         )
-        with ServerThread(build_app(config, serper_key="k")) as url:
+        with ServerThread(build_app(config, serper_key="k", ddgs_call=ddgs_call)) as url:
             seen = fuzz(url, "web_tools")
-    assert any(r.startswith("POST /search") for r in seen)
-    assert sum(c[200] for c in seen.values()) > 0
+    routes = {"GET /search", "POST /search", "GET /image_search", "GET /web_scrape", "GET /health"}
+    assert set(seen) == routes
+    assert all(seen[r][200] > 0 for r in ("GET /search", "POST /search", "GET /image_search"))
+    assert sum(seen["GET /web_scrape"].values()) > 0
 
 
 def test_fuzz_reward_server(tmp_path: Path, no_unhandled: None) -> None:

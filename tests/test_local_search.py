@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from local_search import ServeConfig, build_index, open_index
+from local_search.bm25 import TOKEN_PATTERN, TOKENIZER_VERSION
 from local_search.bm25_scoring import ImpactScorer, term_max_and_sorted
 from local_search.cli import main as cli_main
 from local_search.corpus import iter_corpus
@@ -180,7 +181,7 @@ def test_query_tokenizer_matches_bm25s_corpus_tokenizer(bm25) -> None:  # type: 
     texts = [d["contents"] for d in _passages()] + [
         "Composers researching THE planets' waters, zorblax!"
     ]
-    tok = Tokenizer(stopwords="en", stemmer=Stemmer.Stemmer("english"))
+    tok = Tokenizer(splitter=TOKEN_PATTERN, stopwords="en", stemmer=Stemmer.Stemmer("english"))
     corpus_ids = tok.tokenize(texts, update_vocab=True, return_as="string", show_progress=False)
     ours = bm25.tokenize(texts)
     vocab_inv = {v: k for k, v in bm25.tokenize.vocab.items()}
@@ -188,6 +189,36 @@ def test_query_tokenizer_matches_bm25s_corpus_tokenizer(bm25) -> None:  # type: 
         assert [vocab_inv[i] for i in mine] == theirs
     # Unseen surface forms map through the stem; unknown stems are dropped.
     assert [vocab_inv[i] for i in ours[-1]] == ["compos", "research", "planet", "water"]
+
+
+def test_one_character_tokens_are_indexed_and_queried(tmp_path: Path) -> None:
+    """Regression: the old ``\\w\\w+`` pattern dropped "7", so "tower 7" could not find tower 7."""
+    docs = [
+        {"id": f"t{n}", "contents": f"Tower {n}\nTower {n} of the harbour, block {n}."}
+        for n in (9, 7, 3)
+    ] + [{"id": "b", "contents": "Vitamin B\nVitamin b is a nutrient group."}]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    out = tmp_path / "idx"
+    cli_main(["build", "--corpus", str(corpus), "--out", str(out), "--method", "bm25"])
+    params = json.loads((out / "index.json").read_text())["params"]
+    assert params["token_pattern"] == TOKEN_PATTERN
+    assert params["tokenizer_version"] == TOKENIZER_VERSION == 2
+    with open_index(out) as r:
+        hits = r.search(["tower 7", "Tower 3", "vitamin b"], topk=2)
+    assert [h[0].id for h in hits] == ["t7", "t3", "b"]
+    # The number decides: the matching tower scores strictly above the others.
+    assert hits[0][0].score > hits[0][1].score
+
+
+def test_index_built_with_the_old_tokenizer_is_refused(bm25_dir: Path, tmp_path: Path) -> None:
+    d = _copy_index(bm25_dir, tmp_path / "idx")
+    raw = json.loads((d / "index.json").read_text())
+    raw["params"]["token_pattern"] = r"(?u)\b\w\w+\b"
+    del raw["params"]["tokenizer_version"]  # indexes before version 2 did not record one
+    (d / "index.json").write_text(json.dumps(raw))
+    with pytest.raises(MiaError, match=r"tokenizer version 1 .* rebuild it with"):
+        open_index(d)
 
 
 def test_scores_match_bm25s_own_retriever(bm25) -> None:  # type: ignore[no-untyped-def]

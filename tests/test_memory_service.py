@@ -126,6 +126,8 @@ def test_save_then_retrieve_exact_payloads(tmp_path: Path) -> None:
             "negative_ids": [],
             "pos_indices": [1],
             "neg_indices": [],
+            "prompt": context,
+            "indices": [1],
         }
         # A list in -> a list out; an empty bucket -> "None found." twice.
         r = client.post(
@@ -182,7 +184,10 @@ def test_plan_cold_start_then_planner(tmp_path: Path) -> None:
 
 
 def test_judge_replan_and_replan(tmp_path: Path) -> None:
-    manager = ScriptedChat(lambda m: "no")
+    def manager_reply(m) -> str:
+        return "no" if m[-1]["content"] == PP.judge_prompt("T") else "1. Cold replan (q -> c)"
+
+    manager = ScriptedChat(manager_reply)
     planner = ScriptedChat(
         ["<think>doubt</think>\nYes.", "<think>why</think>\n1. Search again (q -> b)"]
     )
@@ -203,7 +208,8 @@ def test_judge_replan_and_replan(tmp_path: Path) -> None:
         )
         judge_turn = {"role": "user", "content": PP.judge_prompt("### Question: Q?")}
         assert r.json() == {
-            "need_replan": True,
+            "need_replan": "yes",  # the reference's text; the boolean is replan_needed
+            "replan_needed": True,
             "decision": "yes",
             "messages": [
                 *past,
@@ -214,18 +220,37 @@ def test_judge_replan_and_replan(tmp_path: Path) -> None:
         }
         # Fewer memories (cold start) -> the manager judges; "no" -> no replan.
         r = client.post("/judge_replan", json={"workflow": "T", "past_messages": past})
-        assert (r.json()["need_replan"], r.json()["decision"], r.json()["planner"]) == (
+        got = r.json()
+        assert (got["need_replan"], got["replan_needed"], got["decision"], got["planner"]) == (
+            "no",
             False,
             "no",
             "manager",
         )
-        # /replan as the inference driver calls it (mem_top_k=0, pass_num=2): planner, no memory.
+        # /replan as the inference driver calls it (mem_top_k=0, pass_num=2): the reference
+        # retrieves top_k + pass_num = 2 of each side; an empty store is a cold start (manager).
         history = [*past, judge_turn, {"role": "assistant", "content": "yes"}]
-        r = client.post(
-            "/replan",
-            json={"question": "Q?", "past_messages": history, "mem_top_k": 0, "pass_num": 2},
-        )
+        driver = {"question": "Q?", "past_messages": history, "mem_top_k": 0, "pass_num": 2}
         replan_turn = {"role": "user", "content": PP.replan_prompt("Q?")}
+        r = client.post("/replan", json=driver)
+        assert r.json() == {
+            "replan": "1. Cold replan (q -> c)",
+            "messages": [
+                *history,
+                replan_turn,
+                {"role": "assistant", "content": "1. Cold replan (q -> c)"},
+            ],
+            "planner": "manager",
+            "pos_indices": [],
+            "neg_indices": [],
+            "memory_ids": [],
+        }
+        # Two of each side stored: the Planner replans; the memories stay out of the prompt.
+        client.post(
+            "/memories",
+            json=[item("Q one?"), item("Q two?"), item("Q three?", "incorrect"), item("Q4?", "no")],
+        )
+        r = client.post("/replan", json=driver)
         assert r.json() == {
             "replan": "1. Search again (q -> b)",
             "messages": [
@@ -234,7 +259,11 @@ def test_judge_replan_and_replan(tmp_path: Path) -> None:
                 {"role": "assistant", "content": "<think>why</think>\n1. Search again (q -> b)"},
             ],
             "planner": "planner",
+            "pos_indices": [],
+            "neg_indices": [],
+            "memory_ids": sorted(r.json()["memory_ids"]),
         }
+        assert sorted(r.json()["memory_ids"]) == [1, 2, 3, 4]
         assert planner.calls[-1]["messages"] == [*history, replan_turn]
         assert "Only the search tool" in replan_turn["content"]
 

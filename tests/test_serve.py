@@ -23,6 +23,7 @@ from mia.agent.images import to_data_url
 from mia.http import ServerThread, bind_socket, wait_for_port_file
 from mia.llm.scripted import ScriptedChat
 from mia.prompts import executor as prompts
+from mia.prompts.planner import judge_prompt
 from mia.trace import content_text, format_trace
 from serve import ExecutorService, create_serve_app, load_serve_config
 
@@ -153,8 +154,15 @@ def test_execute_exact_payload_and_alias(server: str) -> None:
     resp = post(server, "/execute", body)
     assert resp.status_code == 200, resp.text
     assert resp.json() == expected_execute(SearchTool().schema())
-    alias = post(server, "/plan", body)
-    assert alias.status_code == 200 and alias.json() == resp.json()
+    # The reference's /plan: the same run, plus its reflection prompt and history.
+    ref = post(server, "/plan", body)
+    assert ref.status_code == 200, ref.text
+    want = resp.json()
+    assert ref.json() == {
+        "prompt": judge_prompt(want["trace"]),
+        "history_messages": want["messages"][2:],
+        **want,
+    }
 
 
 def test_continue_and_replan_limit(server: str) -> None:
@@ -186,6 +194,10 @@ def test_continue_and_replan_limit(server: str) -> None:
         f"### Round 3:\n#### Agent Reasoning and Tool Call:\n{REANSWER}"
     )
     assert out["usage"] == {"prompt_tokens": 0, "completion_tokens": len(REANSWER.split())}
+    # The reference's /replan with the whole conversation: the same run, its shape.
+    ref = post(server, "/replan", body)
+    assert ref.status_code == 200, ref.text
+    assert ref.json() == {"prompt": judge_prompt(out["trace"]), "history_messages": msgs[2:], **out}
     again = post(server, "/replan", {**body, "messages": msgs})
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "replan_limit"

@@ -309,8 +309,10 @@ def test_checkpoint_and_resume_continue_the_run(world: Any, tmp_path: Path) -> N
 def test_config_errors_are_clear(world: Any) -> None:
     with pytest.raises(MiaError, match="unknown sft option"):
         SftConfig.from_dict({"batchsize": 2})
-    with pytest.raises(MiaError, match="plan must be"):
-        SftConfig.from_dict({"data": {"gold_world": {"plan": "sometimes"}}})
+    with pytest.raises(MiaError, match="unknown"):  # building gold is the warm start's job
+        SftConfig.from_dict({"data": {"gold_world": {"plan": "with"}}})
+    with pytest.raises(MiaError, match="data.train is empty"):
+        train_sft({"model_path": str(world.base)})
     cfg = {
         "model_path": str(world.base),
         "batch_size": 999,

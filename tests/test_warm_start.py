@@ -18,9 +18,10 @@ from mia.errors import MiaError
 from mia.rl import sft as S
 
 OVERRIDES = [
-    "data.gold_world.size=small",
-    "data.gold_world.limit=5",
-    "data.gold_world.plan=with",
+    "gold_world.seed=0",
+    "gold_world.size=small",
+    "gold_world.limit=5",
+    "gold_world.plan=with",
     "data.val_size=1",
     "data.max_length=1024",
     "batch_size=2",
@@ -129,7 +130,7 @@ def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: 
     same = W.warm_recipe("executor", [*OVERRIDES, "run_dir=/elsewhere", "logging.jsonl=false"])
     assert W.recipe_key(same, fp) == key
     # anything that changes the weights is
-    for change in ("policy.optim.lr=0.5", "total_steps=4", "data.gold_world.seed=3"):
+    for change in ("policy.optim.lr=0.5", "total_steps=4", "gold_world.seed=3"):
         changed = W.warm_recipe("executor", [*OVERRIDES, change])
         assert W.recipe_key(changed, fp) != key, change
     assert W.recipe_key(W.warm_recipe("planner", OVERRIDES), fp) != key
@@ -142,10 +143,10 @@ def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: 
 
 def test_the_shipped_recipes_are_valid() -> None:
     for role in W.ROLES:
-        cfg = S.SftConfig.from_dict(W.warm_recipe(role))
+        cfg = W.WarmStartConfig.from_dict(W.warm_recipe(role))
         assert cfg.model_path == "embedded" and cfg.train_top_layers > 0
-        assert cfg.data.train == [] and cfg.data.gold_world.seed == 0
-    assert S.SftConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
+        assert cfg.data.train == [] and 1 not in cfg.gold_world.seeds  # 1: the held-out world
+    assert W.WarmStartConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
     with pytest.raises(MiaError, match="unknown warm-start role"):
         W.warm_recipe("judge")
 
@@ -190,11 +191,84 @@ def test_gold_of_several_worlds_with_alternate_plans_and_a_style(tmp_path: Path)
 
 
 def test_gold_world_config_checks_seeds_plan_and_style() -> None:
-    assert S.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
-    assert S.GoldWorldConfig(seed=5).seeds == [5]
+    assert W.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
+    assert W.GoldWorldConfig(seed=5).seeds == [5]
     for bad in ({"seed": [1, 1]}, {"seed": -1}, {"seed": []}, {"plan": "often"},
                 {"style": "chatty"}):  # fmt: skip
-        with pytest.raises(MiaError, match="data.gold_world"):
-            S.GoldWorldConfig(**bad).validate()
-    cfg = S.SftConfig.from_dict(W.warm_recipe("executor", ["data.gold_world.seed=[2,3]"]))
-    assert cfg.data.gold_world.seeds == [2, 3]
+        with pytest.raises(MiaError, match="gold_world"):
+            W.GoldWorldConfig(**bad).validate()
+    cfg = W.WarmStartConfig.from_dict(W.warm_recipe("executor", ["gold_world.seed=[2,3]"]))
+    assert cfg.gold_world.seeds == [2, 3]
+
+
+def test_a_shipped_adapter_stands_in_for_the_training(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--ship`` writes the trained folder's adapter under the recipe key; a fresh home then
+    gets the same model from base + adapter without training; another recipe does not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(W, "shipped_dir", lambda: tmp_path / "assets")
+    overrides = [*OVERRIDES, "total_steps=2", "policy.lora.rank=4", "policy.lora.alpha=8"]
+    out = W.ship("executor", home=tmp_path / "a", base_model_dir=base, overrides=overrides,
+                 log=None)  # fmt: skip
+    recipe = W.warm_recipe("executor", overrides)
+    key = W.recipe_key(recipe, W.base_fingerprint(base))
+    assert out == tmp_path / "assets" / f"warm-executor-{key}.safetensors"
+    assert W.shipped_adapters() == {"executor": (key, out)}
+    trained = W.warm_cache_dir("executor", key, tmp_path / "a")
+
+    def no_training(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("the shipped adapter must stand in for the training")
+
+    monkeypatch.setattr(S, "train_sft", no_training)
+    lines: list[str] = []
+    got = W.warm_role_dir(
+        "executor", home=tmp_path / "b", base_model_dir=base, recipe=recipe, log=lines.append
+    )
+    marker = json.loads((got / "mia-model.json").read_text())
+    assert marker["source"] == f"shipped adapter {out.name}" and marker["key"] == key
+    assert marker["steps"] == "2"
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7]])
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(str(trained)).float()(ids).logits
+        have = AutoModelForCausalLM.from_pretrained(str(got)).float()(ids).logits
+    base_logits = AutoModelForCausalLM.from_pretrained(str(base)).float()(ids).logits.detach()
+    assert not torch.allclose(want, base_logits, atol=1e-4)  # the training changed the model
+    torch.testing.assert_close(have, want, atol=2e-3, rtol=0)  # float16 factors
+    assert W.shipped_adapter("executor", "0" * 16) is None  # another recipe trains
+    # --ship of the same recipe reuses the trained folder and replaces nothing else
+    monkeypatch.setattr(S, "train_sft", no_training)
+    assert W.ship("executor", home=tmp_path / "a", base_model_dir=base, overrides=overrides,
+                  log=None) == out  # fmt: skip
+
+
+def test_the_shipped_adapters_are_those_of_the_recipes() -> None:
+    """CI fails when a recipe, the gold data or the base model changed and the shipped adapter
+    was not rebuilt (python -m mia.apps.warm_start ROLE --ship)."""
+    from mia.models.adapter import read_adapter
+
+    shipped = W.shipped_adapters()
+    assert sorted(shipped) == sorted(W.SHIPPED_ROLES)
+    fp = W.embedded_fingerprint()
+    for role, (key, path) in shipped.items():
+        want = W.recipe_key(W.warm_recipe(role), fp)
+        assert key == want, f"rebuild it: python -m mia.apps.warm_start {role} --ship"
+        _, meta = read_adapter(path)
+        assert (meta["role"], meta["key"]) == (role, key)
+        assert path.stat().st_size < 5_000_000
+
+
+def test_the_gold_data_is_pinned(tmp_path: Path) -> None:
+    """The gold transcripts of a small world, byte for byte: a change in how gold is made that
+    the data fingerprint cannot see still changes this digest (then bump WARM_DATA_VERSION,
+    rebuild the shipped adapters and update the digest)."""
+    import hashlib
+
+    g = {"seed": 0, "size": "small", "limit": 6, "plan": "alternate", "style": "concise"}
+    data = W.gold_world_file(g, tmp_path, say=None).read_bytes()
+    assert hashlib.sha256(data).hexdigest()[:16] == GOLD_DIGEST
+
+
+GOLD_DIGEST = "bf83da5c98bc9f06"

@@ -110,7 +110,7 @@ def expected_results(query: str, n: int) -> list[dict]:
 
 def test_single_query_exact_payload_and_serper_request(gateway: Gateway, fake: FakeSerper):
     client = gateway()
-    resp = client.get("/search", params={"q": "python asyncio", "max_results": 2})
+    resp = client.post("/search", json={"queries": ["python asyncio"], "max_results": 2})
     assert resp.status_code == 200
     entry = {
         "query": "python asyncio",
@@ -138,7 +138,7 @@ def test_single_query_exact_payload_and_serper_request(gateway: Gateway, fake: F
 
 
 def test_default_max_results_is_three(gateway: Gateway, fake: FakeSerper):
-    body = gateway().get("/search", params={"q": "default count"}).json()
+    body = gateway().post("/search", json={"queries": ["default count"]}).json()
     assert body["results"] == expected_results("default count", 3)
     assert fake.calls[0].body["num"] == 3
 
@@ -153,22 +153,27 @@ def test_multi_query_get_and_post_with_chinese_locale(gateway: Gateway, fake: Fa
             {"query": q, "results": expected_results(q, 1), "cached": False} for q in queries
         ]
     }
-    assert resp.json() == expected
+    # GET answers the reference's envelope; our per-query entries ride in result.queries.
+    body = resp.json()
+    assert body["result"]["queries"] == expected["queries"]
+    assert body["stat"] == {"cache": "MISS"}
     assert {c.body["q"]: c.body for c in fake.calls} == {
         queries[0]: {"q": queries[0], "num": 1, "gl": "us", "hl": "en"},
         queries[1]: {"q": queries[1], "num": 1, "gl": "cn", "hl": "zh-cn", "location": "China"},
     }
-    # POST with the same queries: served from the cache, same shape, no new Serper call.
+    # POST with the same queries: served from the cache, our shape, no new Serper call.
     resp = client.post("/search", json={"queries": queries, "max_results": 1})
     assert resp.status_code == 200
     for entry in expected["queries"]:
         entry["cached"] = True
     assert resp.json() == expected
     assert fake.call_count == 2
+    again = client.get("/search", params={"q": queries, "max_results": 1}).json()
+    assert again["stat"] == {"cache": "HIT"}
 
 
 def test_duplicate_queries_share_one_serper_call(gateway: Gateway, fake: FakeSerper):
-    body = gateway().get("/search", params={"q": ["same thing", "same  thing"]}).json()
+    body = gateway().post("/search", json={"queries": ["same thing", "same  thing"]}).json()
     assert fake.call_count == 1
     assert [e["results"] for e in body["queries"]] == [expected_results("same thing", 3)] * 2
     assert [e["query"] for e in body["queries"]] == ["same thing", "same  thing"]
@@ -200,7 +205,7 @@ def test_answer_box_and_knowledge_graph_come_first(gateway: Gateway, fake: FakeS
         ],
     }
     client = gateway()
-    body = client.get("/search", params={"q": "apple ceo", "max_results": 4}).json()
+    body = client.post("/search", json={"queries": ["apple ceo"], "max_results": 4}).json()
     assert body["results"] == [
         {
             "title": "Apple Inc. / CEO",
@@ -230,7 +235,7 @@ def test_answer_box_and_knowledge_graph_come_first(gateway: Gateway, fake: FakeS
         },
     ]
     # max_results counts the boxes too.
-    body = client.get("/search", params={"q": "apple ceo", "max_results": 2}).json()
+    body = client.post("/search", json={"queries": ["apple ceo"], "max_results": 2}).json()
     assert [r["kind"] for r in body["results"]] == ["answer_box", "knowledge_graph"]
 
 
@@ -271,19 +276,19 @@ def test_build_payload_locales():
 def test_cache_hit_and_ttl_expiry(gateway: Gateway, fake: FakeSerper, tmp_path: Path):
     now = [1_000_000.0]
     client = gateway(clock=lambda: now[0], ttl_s=60)
-    first = client.get("/search", params={"q": "Cache Me", "max_results": 2}).json()
+    first = client.post("/search", json={"queries": ["Cache Me"], "max_results": 2}).json()
     assert first["cached"] is False and fake.call_count == 1
     # Same query modulo case and spacing: a hit, Serper not called.
-    again = client.get("/search", params={"q": "  cache   me ", "max_results": 2}).json()
+    again = client.post("/search", json={"queries": ["  cache   me "], "max_results": 2}).json()
     assert again["cached"] is True
     assert again["results"] == first["results"]
     assert again["query"] == "  cache   me "
     assert fake.call_count == 1
     # Another max_results is another key.
-    client.get("/search", params={"q": "Cache Me", "max_results": 3})
+    client.post("/search", json={"queries": ["Cache Me"], "max_results": 3})
     assert fake.call_count == 2
     now[0] += 61
-    expired = client.get("/search", params={"q": "Cache Me", "max_results": 2}).json()
+    expired = client.post("/search", json={"queries": ["Cache Me"], "max_results": 2}).json()
     assert expired["cached"] is False and fake.call_count == 3
     health = client.get("/health").json()
     assert health["cache"] == {"path": str(tmp_path / "cache.sqlite"), "entries": 2}
@@ -292,6 +297,8 @@ def test_cache_hit_and_ttl_expiry(gateway: Gateway, fake: FakeSerper, tmp_path: 
         "queries": 4,
         "cache_hits": 1,
         "serper_calls": 3,
+        "ddgs_calls": 0,
+        "fetches": 0,
         "errors": 0,
     }
     with sqlite3.connect(tmp_path / "cache.sqlite") as db:
@@ -299,12 +306,12 @@ def test_cache_hit_and_ttl_expiry(gateway: Gateway, fake: FakeSerper, tmp_path: 
 
 
 def test_cache_survives_restart_and_can_be_disabled(gateway: Gateway, fake: FakeSerper):
-    gateway().get("/search", params={"q": "persist"})
-    assert gateway().get("/search", params={"q": "persist"}).json()["cached"] is True
+    gateway().post("/search", json={"queries": ["persist"]})
+    assert gateway().post("/search", json={"queries": ["persist"]}).json()["cached"] is True
     assert fake.call_count == 1
     nocache = gateway(cache_path="none")
-    assert nocache.get("/search", params={"q": "persist"}).json()["cached"] is False
-    assert nocache.get("/search", params={"q": "persist"}).json()["cached"] is False
+    assert nocache.post("/search", json={"queries": ["persist"]}).json()["cached"] is False
+    assert nocache.post("/search", json={"queries": ["persist"]}).json()["cached"] is False
     assert fake.call_count == 3
     assert nocache.get("/health").json()["cache"] is None
 
@@ -321,7 +328,7 @@ def test_cache_key_normalisation():
 def test_retries_500s_then_succeeds(gateway: Gateway, fake: FakeSerper):
     fake.fail_next(2, 500)
     client = gateway(max_retries=3)
-    resp = client.get("/search", params={"q": "flaky", "max_results": 1})
+    resp = client.post("/search", json={"queries": ["flaky"], "max_results": 1})
     assert resp.status_code == 200
     assert resp.json()["results"] == expected_results("flaky", 1)
     assert fake.call_count == 3
@@ -332,7 +339,7 @@ def test_429_retry_after_is_respected(gateway: Gateway, fake: FakeSerper):
     # A huge backoff would blow the client timeout; Retry-After: 0 must win over it.
     fake.fail_next(1, 429, headers={"Retry-After": "0"})
     client = gateway(backoff_base_s=60.0, backoff_max_s=60.0)
-    resp = client.get("/search", params={"q": "busy"}, timeout=10)
+    resp = client.post("/search", json={"queries": ["busy"]}, timeout=10)
     assert resp.status_code == 200
     assert fake.call_count == 2
 
@@ -340,7 +347,7 @@ def test_429_retry_after_is_respected(gateway: Gateway, fake: FakeSerper):
 def test_persistent_500_gives_502_envelope_and_service_stays_up(gateway: Gateway, fake: FakeSerper):
     fake.fail_next(3, 500)
     client = gateway(max_retries=2)
-    resp = client.get("/search", params={"q": "down"})
+    resp = client.post("/search", json={"queries": ["down"]})
     assert resp.status_code == 502
     assert resp.json() == {
         "error": {
@@ -350,14 +357,14 @@ def test_persistent_500_gives_502_envelope_and_service_stays_up(gateway: Gateway
     }
     assert fake.call_count == 3
     # Nothing cached from the failure; the next call works.
-    resp = client.get("/search", params={"q": "down"})
+    resp = client.post("/search", json={"queries": ["down"]})
     assert resp.status_code == 200 and resp.json()["cached"] is False
     assert client.get("/health").json()["stats"]["errors"] == 1
 
 
 def test_persistent_429_is_rate_limited_502(gateway: Gateway, fake: FakeSerper):
     fake.fail_next(2, 429, headers={"Retry-After": "0"}, body={"message": "Too many requests"})
-    resp = gateway(max_retries=1).get("/search", params={"q": "x"})
+    resp = gateway(max_retries=1).post("/search", json={"queries": ["x"]})
     assert resp.status_code == 502
     assert resp.json()["error"] == {
         "code": "upstream_rate_limited",
@@ -367,7 +374,7 @@ def test_persistent_429_is_rate_limited_502(gateway: Gateway, fake: FakeSerper):
 
 def test_timeouts_give_504(gateway: Gateway, fake: FakeSerper):
     fake.stall_next(2, 1.0)
-    resp = gateway(timeout_s=0.2, max_retries=1).get("/search", params={"q": "slow"})
+    resp = gateway(timeout_s=0.2, max_retries=1).post("/search", json={"queries": ["slow"]})
     assert resp.status_code == 504
     assert resp.json()["error"] == {
         "code": "upstream_timeout",
@@ -381,7 +388,7 @@ def test_unreachable_serper_gives_502(gateway: Gateway):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/search"
-    resp = gateway(serper_url=url, max_retries=1).get("/search", params={"q": "x"})
+    resp = gateway(serper_url=url, max_retries=1).post("/search", json={"queries": ["x"]})
     assert resp.status_code == 502
     error = resp.json()["error"]
     assert error["code"] == "upstream_error"
@@ -391,7 +398,7 @@ def test_unreachable_serper_gives_502(gateway: Gateway):
 
 def test_rejected_key_gives_502_without_retries(gateway: Gateway, fake: FakeSerper):
     fake.expected_key = "the-right-key"
-    resp = gateway(max_retries=3).get("/search", params={"q": "x"})
+    resp = gateway(max_retries=3).post("/search", json={"queries": ["x"]})
     assert resp.status_code == 502
     assert resp.json()["error"] == {
         "code": "upstream_auth",
@@ -402,7 +409,7 @@ def test_rejected_key_gives_502_without_retries(gateway: Gateway, fake: FakeSerp
 
 def test_other_4xx_is_not_retried(gateway: Gateway, fake: FakeSerper):
     fake.fail_next(1, 400, body={"message": "Not enough credits"})
-    resp = gateway().get("/search", params={"q": "x"})
+    resp = gateway().post("/search", json={"queries": ["x"]})
     assert resp.status_code == 502
     assert resp.json()["error"]["message"] == (
         "Serper refused the request (HTTP 400: Not enough credits)"
@@ -411,15 +418,15 @@ def test_other_4xx_is_not_retried(gateway: Gateway, fake: FakeSerper):
 
 
 def test_missing_key_503_but_cache_still_served(gateway: Gateway, fake: FakeSerper):
-    gateway().get("/search", params={"q": "known"})  # fills the shared cache file
+    gateway().post("/search", json={"queries": ["known"]})  # fills the shared cache file
     client = gateway(key=None)
-    resp = client.get("/search", params={"q": "unknown"})
+    resp = client.post("/search", json={"queries": ["unknown"]})
     assert resp.status_code == 503
     assert resp.json() == {"error": {"code": "unavailable", "message": MISSING_KEY_MESSAGE}}
     assert MISSING_KEY_MESSAGE.startswith("SERPER_KEY_ID is not set")
     health = client.get("/health")
     assert health.status_code == 200 and health.json()["serper_configured"] is False
-    cached = client.get("/search", params={"q": "known"}).json()
+    cached = client.post("/search", json={"queries": ["known"]}).json()
     assert cached["cached"] is True and cached["results"] == expected_results("known", 3)
     assert fake.call_count == 1
     assert gateway().get("/health").json()["serper_configured"] is True
@@ -437,7 +444,7 @@ def test_missing_key_503_but_cache_still_served(gateway: Gateway, fake: FakeSerp
         ({"q": ["ok", "   "]}, "q: query 1 is empty"),
         ({"q": "y" * 401}, "q: query 0 has 401 characters (max 400)"),
         ({"q": ["q"] * 33}, "q: List should have at most 32 items after validation, not 33"),
-        ({"q": "x", "engine": "ddgs"}, "engine 'ddgs' is not supported; only 'serper'"),
+        ({"q": "x", "engine": "bing"}, "engine 'bing' is not supported; use one of serper, ddgs"),
     ],
 )
 def test_bad_get_params(gateway: Gateway, fake: FakeSerper, params: dict, message: str):
@@ -468,15 +475,17 @@ def test_bad_requests_other_shapes(gateway: Gateway, fake: FakeSerper):
 
 def test_bearer_token_enforced(gateway: Gateway, fake: FakeSerper):
     client = gateway(token="s3cret")
-    resp = client.get("/search", params={"q": "x"})
+    resp = client.post("/search", json={"queries": ["x"]})
     assert resp.status_code == 401
     assert resp.json() == {
         "error": {"code": "unauthorized", "message": "missing or wrong bearer token"}
     }
-    wrong = client.get("/search", params={"q": "x"}, headers={"Authorization": "Bearer nope"})
+    wrong = client.post(
+        "/search", json={"queries": ["x"]}, headers={"Authorization": "Bearer nope"}
+    )
     assert wrong.status_code == 401
     assert fake.call_count == 0
-    ok = client.get("/search", params={"q": "x"}, headers={"Authorization": "Bearer s3cret"})
+    ok = client.post("/search", json={"queries": ["x"]}, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200
     assert client.get("/health").status_code == 200
 
@@ -486,12 +495,12 @@ def test_key_never_in_responses_or_logs(
 ):
     caplog.set_level(logging.DEBUG)
     client = gateway(max_retries=1)
-    bodies = [client.get("/search", params={"q": "leak check"}).text]
+    bodies = [client.post("/search", json={"queries": ["leak check"]}).text]
     fake.fail_next(1, 500, body={"message": f"internal error for key {KEY}"})
-    bodies.append(client.get("/search", params={"q": "leak check 2"}).text)
+    bodies.append(client.post("/search", json={"queries": ["leak check 2"]}).text)
     # An upstream that echoes the key in its error: we quote it scrubbed.
     fake.fail_next(1, 400, body={"message": f"invalid key {KEY}"})
-    resp = client.get("/search", params={"q": "leak check 3"})
+    resp = client.post("/search", json={"queries": ["leak check 3"]})
     assert (
         resp.json()["error"]["message"] == "Serper refused the request (HTTP 400: invalid key ***)"
     )
@@ -614,7 +623,8 @@ def test_cli_serves_and_rejects_bad_flags(fake: FakeSerper, fake_url: str, tmp_p
     finally:
         proc.terminate()
         output, _ = proc.communicate(timeout=30)
-    assert body["results"] == expected_results("from the cli", 1)
+    assert body["result"]["queries"][0]["results"] == expected_results("from the cli", 1)
+    assert body["tool"]["name"] == "search" and body["stat"] == {"cache": "MISS"}
     assert fake.calls[0].key == KEY
     assert health["serper_configured"] is True
     assert health["cache"]["path"] == str(tmp_path / "home" / "web_tools" / "search_cache.sqlite")

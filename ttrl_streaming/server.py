@@ -17,6 +17,13 @@ stream of questions (or of finished rollouts) pushed by a client.
   the first update).
 - ``GET /health``: step counters and buffer sizes.
 
+The reference's client works unchanged (docs/reference.md §3.6): ``/submit_sample`` also takes
+``{"rollout": <collated batch>, "epoch", "finish", "flush_partial"}`` (its codec's wrappers
+decoded; the questions are read from the batch and rolled out here), ``POST /submit_batch``
+``{"batch", "epoch", "finish"}`` rolls out and trains on everything buffered, and
+``POST /streaming/register_images`` (``{"entries": [{data_id, images}]}`` or one entry) keeps a
+question's first image for samples that arrive without images; ``GET /streaming/health``.
+
 One rollout phase or update runs at a time (a lock around the trainer); requests from several
 clients queue. Samples' memory hooks (``/memory_bank_save`` -> ``/batch_evaluate`` ->
 ``/consolidate_memories`` -> ``/save_memory``) run after each rollout phase when memory_serve
@@ -60,7 +67,13 @@ from mia.roles.common import (
 )
 from mia.roles.ttrl_memory import bank_item, commit_batch
 from mia.services import RewardClient
-from mia.services.streaming import RolloutRow, SubmitRequest
+from mia.services.streaming import (
+    ReferenceBatchError,
+    RegisterImagesRequest,
+    RolloutRow,
+    SubmitRequest,
+    samples_from_reference_batch,
+)
 from ttrl_streaming.buffer import RolloutBuffer
 from ttrl_streaming.codec import CodecError, as_list, rollouts_from_safetensors
 from ttrl_streaming.config import StreamingServerConfig, load_config
@@ -141,6 +154,8 @@ class StreamingServer:
         self.done = False
         self._submissions = itertools.count()
         self._last_metrics: dict[str, Any] = {}
+        # data_id -> [first image] (base64 / data URL), for samples sent without images.
+        self.images: dict[str, list[str]] = {}
 
     # ---- lifecycle
     def start(self) -> StreamingServer:
@@ -167,7 +182,9 @@ class StreamingServer:
             "global_steps": self.trainer.step,
             "train_batch_size": cfg.batch_size,
             "rollout_n": cfg.n,
+            "total_training_steps": None,  # open-ended: the client decides
             "rollout_buffer_len": self.buffer.rows,
+            "rollout_buffer_samples": self.buffer.rows,
             "rollout_buffer_groups": self.buffer.groups,
             "samples_seen": self.samples_seen,
             "done": self.done,
@@ -256,7 +273,7 @@ class StreamingServer:
             if req.rollouts is not None:
                 self.buffer.add(self._client_rollouts(req.rollouts, tag))
             if req.samples:
-                samples = [s.to_sample() for s in req.samples]
+                samples = [self._with_images(s.to_sample()) for s in req.samples]
                 results = self.trainer.collect(samples, tag=tag)
                 self.samples_seen += len(samples)
                 failed = {r.group for r in results if r.error is not None}
@@ -301,6 +318,33 @@ class StreamingServer:
         }
         return out
 
+    def _with_images(self, sample: dict[str, Any]) -> dict[str, Any]:
+        if not sample["images"] and sample["data_id"] in self.images:
+            sample["images"] = list(self.images[sample["data_id"]])
+            if not sample["image_caption"]:
+                sample["modality"] = "text-image"
+        return sample
+
+    def register_images(self, req: RegisterImagesRequest) -> dict[str, Any]:
+        """Keep each question's first image (the reference's rule) by ``data_id``."""
+        try:
+            entries = req.all_entries()
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
+        staged: dict[str, list[str]] = {}
+        for k, entry in enumerate(entries):
+            key = str(entry.data_id).strip()
+            if not key:
+                raise ApiError(422, f"entries[{k}].data_id: must not be empty")
+            first = entry.images[0] if entry.images else None
+            if isinstance(first, Mapping):  # {"bytes": <base64>} as datasets writes images
+                first = first.get("bytes")
+            if first is not None and (not isinstance(first, str) or not first.strip()):
+                raise ApiError(422, f"entries[{k}].images[0]: send a base64 string or a data: URL")
+            staged[key] = [first] if first else []
+        self.images.update(staged)
+        return {"status": "success", "registered": len(staged), "total": len(self.images)}
+
     def _learn(self, batch: list[RolloutResult]) -> dict[str, Any]:
         metrics = self.trainer.learn(batch)  # logged by the trainer
         clean = {
@@ -327,6 +371,19 @@ class StreamingServer:
 
 def _flag(value: str | None) -> bool:
     return str(value).lower() in ("1", "true", "yes", "on")
+
+
+def _reference_body(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A reference ``{key: <collated batch>, epoch, finish, flush_partial}`` as our request."""
+    try:
+        samples = samples_from_reference_batch(data.get(key))
+    except ReferenceBatchError as err:
+        raise ApiError(422, str(err)) from None
+    out: dict[str, Any] = {"samples": samples}
+    for flag in ("epoch", "finish", "flush_partial"):
+        if flag in data:
+            out[flag] = data[flag]
+    return out
 
 
 def create_streaming_app(
@@ -365,6 +422,8 @@ def create_streaming_app(
             raise ApiError(415, f"content type {ctype!r}: send application/json or safetensors")
         if not isinstance(data, dict):
             raise ApiError(422, "the body must be a JSON object")
+        if "rollout" in data:  # the reference client's body
+            data = _reference_body(data, "rollout")
         try:
             req = SubmitRequest.model_validate(data)
         except ValidationError as err:
@@ -374,6 +433,29 @@ def create_streaming_app(
         if req.samples is None and req.rollouts is None and not (req.finish or req.flush_partial):
             raise ApiError(422, "send samples or rollouts (or finish / flush_partial)")
         return await run_in_threadpool(server.submit, req)
+
+    @app.post("/submit_batch", summary="the reference's one full rollout + update step")
+    async def submit_batch(body: dict[str, Any]) -> dict[str, Any]:
+        """``{"batch": <collated batch>, "epoch", "finish"}``: roll out its questions, then train
+        on everything buffered (partial groups included, as ``flush_partial``)."""
+        data = _reference_body({**body, "flush_partial": True}, "batch")
+        try:
+            req = SubmitRequest.model_validate(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()))
+            raise ApiError(422, f"{loc or 'body'}: {first.get('msg', 'invalid')}") from None
+        return await run_in_threadpool(server.submit, req)
+
+    @app.post("/streaming/register_images", summary="a question's image, by data_id")
+    async def register_images(body: RegisterImagesRequest) -> dict[str, Any]:
+        """``{"entries": [{"data_id", "images": [...]}]}`` or one entry -> ``{status,
+        registered, total}``; the first image is kept for samples sent without images."""
+        return server.register_images(body)
+
+    @app.get("/streaming/health", summary="the image registry")
+    async def streaming_health() -> dict[str, Any]:
+        return {"status": "ok", "registered_images": len(server.images)}
 
     @app.post("/save_checkpoint", summary="checkpoint the Planner now")
     async def save_checkpoint() -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""SQLite (WAL) cache of parsed search results with a TTL.
+"""SQLite (WAL) cache of parsed tool results (search results, image lists, scraped pages) with
+a TTL. Values are JSON; ``query``/``max_results``/``locale`` only label a row for people reading
+the file (for other tools: the URL or query, a count, and the tool and engine).
 
 Keyed by sha256 of (format version, normalised query, max_results, locale): the same question
 asked with different spacing or case hits the same row, and a change of the stored format
@@ -53,7 +55,7 @@ class SearchCache:
         self._db.execute(_SCHEMA)
         self.prune()
 
-    def get(self, key: str) -> list[dict[str, Any]] | None:
+    def get(self, key: str) -> Any:
         with self._lock:
             row = self._db.execute(
                 "SELECT results, created_at FROM search_cache WHERE key = ?", (key,)
@@ -65,9 +67,7 @@ class SearchCache:
                 return None
         return json.loads(row[0])
 
-    def put(
-        self, key: str, query: str, max_results: int, locale: str, results: list[dict[str, Any]]
-    ) -> None:
+    def put(self, key: str, query: str, max_results: int, locale: str, results: Any) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO search_cache VALUES (?, ?, ?, ?, ?, ?)",

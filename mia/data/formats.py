@@ -31,6 +31,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from mia.caption import caption_text
 from mia.errors import MiaError
 from mia.paths import atomic_write_bytes
 
@@ -267,7 +268,7 @@ def _caption(value: Any, where: str) -> str:
                 raise DataFormatError(f"{where}: 'image_caption[{k}]' must be a string")
             if item.strip():
                 parts.append(item.strip())
-        return "\n".join(parts)
+        return caption_text(parts)  # the first caption, the rule memory_serve applies too
     raise DataFormatError(f"{where}: 'image_caption' must be a string or a list of strings")
 
 

@@ -24,12 +24,17 @@ from mia.errors import MiaError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mia eval",
-        description="Evaluate memory policies (none, plan_only, mia, rag) on a QA dataset: "
+        description="Evaluate memory policies (none, plan_only, mia, rag and the memory baselines "
+        "mem0, amem, expel, memento, reasoningbank) on a QA dataset: "
         "plan -> execute -> reflect/replan -> judge -> memory write, per question. Trailing "
         "key=value arguments override configs/eval/default.yaml.",
     )
     p.add_argument("--data", help="QA file (.jsonl/.json/.parquet), e.g. a world's test.jsonl")
-    p.add_argument("--policy", help="comma list of none, plan_only, mia, rag (default: mia)")
+    p.add_argument(
+        "--policy",
+        help="comma list of none, plan_only, mia, rag, mem0, amem, expel, memento, "
+        "reasoningbank (default: mia)",
+    )
     p.add_argument("--order", choices=("online", "batched"), help="memory write order")
     p.add_argument("--batch-size", type=int, help="batched order: questions per frozen batch")
     p.add_argument("--workers", type=int, help="questions in flight at once (default 4)")
@@ -170,6 +175,8 @@ def _with_services(cfg: Any, args: argparse.Namespace, items: list[Any], out: Pa
             modes[policy] = "identity" if p.compress_modes == ("identity",) else "llm"
     with ServiceGroup(work, s.startup_timeout_s, log_fn=_say) as group:
         llm_config = write_llm_config(s.llm_config, work / "llm.yaml", model_path=args.model)
+        if cfg.baselines.llm.config is None:  # the baselines share the services' LLM
+            cfg.baselines.llm.config = str(llm_config)
         _say("mia eval: starting services")
         urls = start_stack(
             group,

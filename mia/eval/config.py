@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mia.baselines.config import BaselinesConfig
 from mia.config import load_config, option, section
 from mia.errors import MiaError
 from mia.judge import JudgeConfig
@@ -87,7 +88,9 @@ class EvalConfig:
     limit: int | None = option(None, "then evaluate at most this many; null = all")
     modality: str = option("all", "all | text-only | text-image")
     policies: list[str] = option(
-        ["mia"], "none | plan_only | mia | rag, run one after another (or --policy)"
+        ["mia"],
+        "none | plan_only | mia | rag | mem0 | amem | expel | memento | reasoningbank, run one "
+        "after another (or --policy)",
     )
     order: str = option(
         "online",
@@ -107,6 +110,9 @@ class EvalConfig:
     request_timeout_s: float = option(1800.0, "seconds per HTTP call (one plan, one Executor run)")
     plot: bool = option(True, "write accuracy.png")
     services: ServicesOptions = section(ServicesOptions, "--start-services only")
+    baselines: BaselinesConfig = section(
+        BaselinesConfig, "the memory baselines (policies mem0, amem, expel, memento, reasoningbank)"
+    )
 
     def validate(self) -> EvalConfig:
         from mia.eval.policies import POLICIES
@@ -135,6 +141,7 @@ class EvalConfig:
             raise MiaError(f"eval config: unknown policy {unknown[0]!r} (known: {POLICIES})")
         if len(set(self.policies)) != len(self.policies):
             raise MiaError("eval config: a policy is listed twice")
+        self.baselines.validate()
         return self
 
 

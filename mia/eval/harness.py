@@ -31,8 +31,16 @@ from mia.data.formats import QAItem
 from mia.errors import MiaError
 from mia.eval.config import EvalConfig, JudgeLLMConfig
 from mia.eval.journal import RunJournal, fault_point
-from mia.eval.policies import FlowContext, PolicySpec, memory_item, run_question, spec
+from mia.eval.policies import (
+    FlowContext,
+    PolicySpec,
+    finished_item,
+    memory_item,
+    run_question,
+    spec,
+)
 from mia.judge import Judge
+from mia.llm.base import LLMError
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
 
 log = logging.getLogger("mia.eval")
@@ -215,12 +223,14 @@ class _Runner:
         rows = [r for r in rows if self.journal.needs_write(r["id"])]
         if not rows:
             return
-        memory = self.ctx.memory
-        assert memory is not None
         source = self.journal.source
         old = [r["id"] for r in rows if r["id"] not in self.fresh]
         found: dict[str, dict[str, Any]] = {}
-        if old:
+        if old and self.ctx.baseline is not None:
+            found = {k: {"id": v} for k, v in self.ctx.baseline.find(old, source).items()}
+        elif old:
+            memory = self.ctx.memory
+            assert memory is not None
             try:
                 answer = await memory.post("/memories/find", {"data_ids": old, "source": source})
             except RequestFailed as err:
@@ -242,6 +252,9 @@ class _Runner:
         item, and an item still refused gets a ``failed`` receipt: the run goes on without that
         memory. An unknown outcome (timeout, dropped connection) stops the run; rerunning it
         checks with ``/memories/find`` before writing again."""
+        if self.ctx.baseline is not None:
+            await self._write_baseline(rows)
+            return
         memory = self.ctx.memory
         assert memory is not None
         try:
@@ -268,6 +281,23 @@ class _Runner:
             fault_point("after_write", self.writes_done)
             self._receipt(r["id"], res["id"], "write", res)
 
+    async def _write_baseline(self, rows: list[dict[str, Any]]) -> None:
+        """A baseline's writes, one by one in order. An LLM failure (after the client's
+        retries) leaves nothing stored for that row (the write is one SQLite transaction) and
+        gets a ``failed`` receipt; the run goes on."""
+        baseline = self.ctx.baseline
+        assert baseline is not None
+        for r in rows:
+            try:
+                res = await baseline.write(finished_item(r, self.journal.source))
+            except LLMError as err:
+                self.writes_done += 1
+                self._failed(r["id"], " ".join(str(err).split()))
+                continue
+            self.writes_done += 1
+            fault_point("after_write", self.writes_done)
+            self._receipt(r["id"], res.write_id, "write", {"action": "write", "ops": res.ops})
+
     def _failed(self, qid: str, error: str) -> None:
         log.warning("memory write for %s failed: %s", qid, error)
         self.journal.add_receipt(
@@ -283,6 +313,7 @@ class _Runner:
                 "replaced_id": res.get("replaced_id"),
                 "credited_ids": res.get("credited_ids", []),
                 "via": via,
+                **({"ops": res["ops"]} if "ops" in res else {}),
             }
         )
         self.owner[int(memory_id)] = qid
@@ -372,13 +403,21 @@ async def run_policy(
     )
     bar = None
     start = time.perf_counter()
+    baseline = None
+    baseline_stats = None
+    planner_llm = None
+    backends: list[Any] = []
     try:
         # Check the services before touching the run folder: a wrong URL leaves nothing behind.
         await _preflight(serve, memory, p)
+        if p.baseline:
+            baseline, planner_llm, backends = open_baseline(policy, cfg, run_dir)
         resumed = journal.open(manifest, restart=restart)
         done = sum(1 for it in items if journal.done(it.id))
         if resumed:
             say(f"[{policy}] resuming {run_dir}: {done}/{len(items)} questions already answered")
+        elif p.writes and cfg.memory.clear_on_start and baseline is not None:
+            baseline.clear()
         elif p.writes and cfg.memory.clear_on_start:
             assert memory is not None
             await memory.post("/clear_memory", {})
@@ -402,12 +441,15 @@ async def run_policy(
             top_k=cfg.memory.top_k,
             replan_top_k=cfg.memory.replan_top_k,
             reflect=cfg.reflect,
+            baseline=baseline,
+            planner_llm=planner_llm,
         )
         runner = _Runner(items, ctx, journal, cfg, bar)
         if cfg.order == "online":
             await runner.online()
         else:
             await runner.batched()
+        baseline_stats = baseline.stats() if baseline is not None else None
     finally:
         if bar is not None:
             bar.close()
@@ -415,6 +457,10 @@ async def run_policy(
         await serve.aclose()
         if memory is not None:
             await memory.aclose()
+        if baseline is not None:
+            baseline.close()
+        for backend in backends:
+            await backend.aclose()
     rows = list(journal.ordered_rows([it.id for it in items]))
     summary = summarize(rows, policy, judge=getattr(judge, "name", "?"))
     summary["wall_s"] = round(time.perf_counter() - start, 1)
@@ -423,7 +469,37 @@ async def run_policy(
     summary["memory_write_errors"] = sum(1 for x in receipts if x.get("memory_id") is None)
     summary["order"] = cfg.order
     summary["run_dir"] = str(run_dir)
+    if baseline_stats is not None:
+        summary["baseline"] = baseline_stats
     return PolicyResult(policy, run_dir, rows, summary)
+
+
+def open_baseline(policy: str, cfg: EvalConfig, run_dir: Path) -> tuple[Any, Any, list[Any]]:
+    """Memory baseline ``policy`` on ``run_dir/baseline.sqlite``: the memory, the Planner's
+    backend (expel, memento; else None) and the backends to close afterwards."""
+    from mia.baselines import build_memory
+    from mia.embedding import shared_embedder
+
+    b = cfg.baselines
+    config = b.llm.config or cfg.services.llm_config
+
+    def backend(role: str) -> Any:
+        return role_backend(
+            {"config": config, "role": role, "overrides": dict(b.llm.overrides)},
+            default_role=role,
+        )
+
+    memory_llm = backend(b.llm.memory_role)
+    backends = [memory_llm]
+    planner_llm = None
+    if spec(policy).planner:
+        planner_llm = backend(b.llm.planner_role)
+        backends.append(planner_llm)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    memory = build_memory(
+        policy, b, run_dir / "baseline.sqlite", memory_llm, shared_embedder(b.embedder)
+    )
+    return memory, planner_llm, backends
 
 
 # ----------------------------------------------------------------------------- all policies

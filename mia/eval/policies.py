@@ -7,6 +7,20 @@
 | `mia`       | Planner with retrieved workflows   | yes                 | LLM-compressed trace  |
 | `rag`       | none: the retrieved context itself | no                  | raw trace (identity)  |
 
+| `mem0`      | none: retrieved facts as the guide | no                  | facts: ADD/UPDATE/DELETE/NOOP |
+| `amem`      | none: retrieved notes (+ links)    | no                  | notes, linked and evolved |
+| `reasoningbank` | none: retrieved strategy items | no                  | items from successes and failures |
+| `expel`     | Planner reading insights + examples | yes                | insight list edits, experience pool |
+| `memento`   | meta-Planner reading correct/incorrect plans | yes       | case (question, plan, reward) |
+
+The five memory baselines (:mod:`mia.baselines`, docs/baselines.md) run in the harness's own
+process on a SQLite file in the policy's run folder, behind the same two calls MIA's memory has
+(retrieve for a question, write a finished judged trajectory); they need no memory_serve. Their
+LLM is ``baselines.llm`` (roles of an llm config: the embedded default or any OpenAI-compatible
+endpoint). ``expel`` and ``memento`` feed a Planner (the ``planner`` role, the same three turns
+as memory_serve's: plan, reflect, replan); the other three put their context in the Executor's
+guide slot, as ``rag`` does.
+
 ``rag`` is the paper's trace-RAG baseline made precise: ``/memory`` retrieves the same top-k
 correct and top-k incorrect memories MIA's planner would see, and that context text goes into
 the Executor's guide slot (``Here is a guide for your reference: ...``) instead of a plan; the
@@ -25,18 +39,22 @@ recorded in ``planner_errors``. The memory write is the harness's job (its timin
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from mia.baselines import BASELINES, BaselineMemory, Finished
 from mia.data.formats import QAItem
 from mia.judge import Judge, JudgeError
-from mia.planner.flow import FlowConfig, Planner, PlannerFlow, Task
-from mia.planner.planners import GuidePlanner, NoPlanner, RemotePlanner
+from mia.llm.base import LLMError
+from mia.planner import prompts as PP
+from mia.planner.flow import FlowConfig, Planner, PlannerFlow, PlannerRun, Task
+from mia.planner.planners import ConversationPlanner, GuidePlanner, NoPlanner, RemotePlanner
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
 from mia.trace import content_text, format_trace
 
-POLICIES = ("none", "plan_only", "mia", "rag")
+POLICIES = ("none", "plan_only", "mia", "rag", *BASELINES)
 
 
 @dataclass(frozen=True)
@@ -47,10 +65,12 @@ class PolicySpec:
     writes: bool  # finished trajectories are written to memory
     compress_modes: tuple[str, ...] | None  # memory_serve compress.mode(s) it needs (None: any)
     summary: str
+    baseline: bool = False  # an in-process memory baseline (mia.baselines), no memory_serve
 
     @property
     def needs_memory(self) -> bool:
-        return self.planner or self.retrieve or self.writes
+        """memory_serve is needed (the baselines keep their memory in the harness)."""
+        return (self.planner or self.retrieve or self.writes) and not self.baseline
 
 
 SPECS: dict[str, PolicySpec] = {
@@ -63,6 +83,27 @@ SPECS: dict[str, PolicySpec] = {
     ),
     "rag": PolicySpec(
         "rag", False, True, True, ("identity",), "retrieved raw traces as the guide, no planner"
+    ),
+    "mem0": PolicySpec(
+        "mem0", False, True, True, None, "Mem0 facts as the guide, no planner", baseline=True
+    ),
+    "amem": PolicySpec(
+        "amem", False, True, True, None, "A-Mem notes as the guide, no planner", baseline=True
+    ),
+    "reasoningbank": PolicySpec(
+        "reasoningbank",
+        False,
+        True,
+        True,
+        None,
+        "ReasoningBank strategies as the guide, no planner",
+        baseline=True,
+    ),
+    "expel": PolicySpec(
+        "expel", True, True, True, None, "planner + ExpeL insights and examples", baseline=True
+    ),
+    "memento": PolicySpec(
+        "memento", True, True, True, None, "meta-planner + Memento case bank", baseline=True
     ),
 }
 
@@ -82,9 +123,20 @@ class FlowContext:
     top_k: int | None = None  # None: memory_serve's default
     replan_top_k: int = 0
     reflect: bool = True
+    baseline: BaselineMemory | None = None  # the baselines' memory
+    planner_llm: Any = None  # expel / memento: the Planner's chat backend
 
     def planner(self) -> Planner:
         p = self.policy
+        if p.baseline:
+            assert self.baseline is not None
+            if p.planner:
+                from mia.agent import ChatPolicy
+
+                assert self.planner_llm is not None
+                inner = ConversationPlanner(ChatPolicy(self.planner_llm), name=p.name)
+                return BaselinePlanner(self.baseline, inner)
+            return BaselineGuide(self.baseline)
         if p.planner:
             assert self.memory is not None
             top_k = self.top_k if p.retrieve else 0
@@ -96,6 +148,86 @@ class FlowContext:
 
     def flow(self) -> PlannerFlow:
         return PlannerFlow(self.planner(), self.serve, FlowConfig(reflect=self.reflect))
+
+
+# ----------------------------------------------------------------------------- baselines
+
+
+async def _baseline_retrieve(memory: BaselineMemory, run: PlannerRun) -> str:
+    t = run.task
+    caption = t.image_caption
+    if isinstance(caption, list):  # the first caption, as memory_serve
+        caption = caption[0] if caption else ""
+    got = await memory.retrieve(t.question, str(caption or ""))
+    run.memory_ids = list(got.origins)
+    run.memory_context = got.context
+    return got.context
+
+
+class BaselineGuide(NoPlanner):
+    """A baseline's retrieved context is the Executor's guide (mem0, amem, reasoningbank);
+    nothing found gives no guide (as ``rag``)."""
+
+    def __init__(self, memory: BaselineMemory) -> None:
+        self.memory = memory
+        self.name = memory.name
+
+    async def plan(self, run: PlannerRun) -> bool:
+        run.plan = await _baseline_retrieve(self.memory, run)
+        return True
+
+
+class BaselinePlanner:
+    """A baseline's context in the Planner's memory slot (expel, memento): the Planner's three
+    turns (plan, reflect, replan) as one conversation over the ``planner`` role. A plan prompt
+    that leaves the Planner no room is skipped (recorded in ``planner_errors``): the Executor
+    goes without a guide."""
+
+    reflects = True
+
+    def __init__(self, memory: BaselineMemory, inner: ConversationPlanner) -> None:
+        self.memory = memory
+        self.inner = inner
+        self.name = memory.name
+
+    async def plan(self, run: PlannerRun) -> bool:
+        context = await _baseline_retrieve(self.memory, run)
+        run.task = dataclasses.replace(
+            run.task, memory_context=context or PP.EMPTY_MEMORY, memory_ids=list(run.memory_ids)
+        )
+        if not await self.inner.plan(run):
+            run.planner_errors.append("plan prompt leaves the Planner no room")
+        run.memory_context = context
+        return True
+
+    async def reflect(self, run: PlannerRun, trace: str) -> bool:
+        if run.conversation is None or not run.plan:  # no plan conversation to reflect in
+            return True
+        return await self.inner.reflect(run, trace)
+
+    async def replan(self, run: PlannerRun) -> bool:
+        return await self.inner.replan(run)
+
+
+def finished_item(row: dict[str, Any], source: str) -> Finished:
+    """The baselines' write payload of a finished row (the plan includes the supplementary
+    plan when there was one)."""
+    plan = row.get("plan") or ""
+    if row.get("replanned") and row.get("replan"):
+        plan = f"{plan}\n\nSupplementary plan:\n{row['replan']}".strip()
+    caption = row.get("image_caption") or ""
+    if isinstance(caption, list):
+        caption = caption[0] if caption else ""
+    return Finished(
+        data_id=str(row["id"]),
+        question=str(row["question"]),
+        plan=plan,
+        trace=str(row.get("trace") or ""),
+        answer=str(row.get("prediction") or ""),
+        correct=bool(row.get("correct")),
+        image_caption=str(caption),
+        source=source,
+    )
 
 
 # ----------------------------------------------------------------------------- messages
@@ -143,7 +275,7 @@ async def run_question(item: QAItem, index: int, ctx: FlowContext) -> dict[str, 
     try:
         row.update(await _flow(item, ctx))
         row["error"] = None
-    except (RequestFailed, JudgeError) as err:
+    except (RequestFailed, JudgeError, LLMError) as err:
         row.update(
             prediction="[Failed]",
             judgement={"label": "incorrect", "score": 0.0, "judge": "error", "detail": {}},
@@ -194,7 +326,7 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
         "judgement": verdict.to_dict(),
         "correct": verdict.correct,
         "plan": run.plan if p.planner else None,
-        "context": run.memory_context if p.retrieve and not p.planner else None,
+        "context": run.memory_context if p.retrieve and (p.baseline or not p.planner) else None,
         "planner": run.planner or None,
         "need_replan": run.need_replan,
         "replan": run.replan if run.replan_raw is not None else None,

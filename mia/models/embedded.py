@@ -153,6 +153,15 @@ def cache_marker(home: str | Path | None = None) -> dict[str, Any] | None:
     return marker if _is_valid(folder, marker, _current_source()) else None
 
 
+def expected_marker() -> dict[str, Any] | None:
+    """The marker a build here would write, less its time stamp (None without the package):
+    what identifies the embedded base model without building it."""
+    source = _current_source()
+    if source is None:
+        return None
+    return {"recipe": RECIPE, "recipe_version": RECIPE_VERSION, "dtype": DTYPE, "source": source}
+
+
 def embedded_model_dir(
     home: str | Path | None = None, *, force: bool = False, log: Log | None = _stderr
 ) -> Path:

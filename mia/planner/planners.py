@@ -235,7 +235,8 @@ class RemotePlanner:
         if out is None:
             return True
         run.messages = list(out["messages"])
-        run.need_replan = bool(out["need_replan"])
+        # ``need_replan`` is the reference's "yes"/"no" text; the boolean is ``replan_needed``.
+        run.need_replan = bool(out["replan_needed"])
         run.decision_raw = _last_reply(run.messages, str(out.get("decision", "")))
         return True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 from mia.config import from_dict, option
 from mia.errors import MiaError
+from mia.paths import atomic_write_text
 
 # Shown on the console line, in this order, when present: (key, label, format).
 CONSOLE_KEYS: tuple[tuple[str, str, str], ...] = (
@@ -73,6 +75,21 @@ def format_line(step: int, total: int | None, metrics: dict[str, Any]) -> str:
     return line.replace(" | ±", " ±")
 
 
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The run dir's wandb id: read from ``wandb_run_id``, or made and written there once."""
+    path = run_dir / WANDB_ID_FILE
+    if path.is_file():
+        run_id = path.read_text(encoding="utf-8").strip()
+        if run_id:
+            return run_id
+    run_id = secrets.token_hex(8)  # wandb ids: letters and digits, unique per project
+    atomic_write_text(path, run_id + "\n")
+    return run_id
+
+
 class MetricsLogger:
     """``log(step, metrics)`` after every step; ``close()`` at the end."""
 
@@ -117,12 +134,15 @@ class MetricsLogger:
                 "or set logging.wandb=false"
             ) from None
         os.environ.setdefault("WANDB_DIR", str(self.run_dir))
+        # resume="allow" only resumes when the id is the same; without one every restart opened a
+        # new wandb run. The id lives in the run dir, so a resumed run continues its own curve.
         return wandb.init(
             project=self.cfg.wandb_project,
             name=self.cfg.wandb_name,
             mode=self.cfg.wandb_mode,
             dir=str(self.run_dir),
             config=run_config,
+            id=wandb_run_id(self.run_dir),
             resume="allow",
         )
 

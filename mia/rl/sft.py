@@ -14,8 +14,8 @@ prompt, tool observations and other injected turns are context only.
 
 Data: rows of JSONL / JSON / parquet files (``data.train``, ``data.val``), one conversation per
 row and name in ``data.fields`` (gold files of ``mia gold``: ``messages`` for the Executor,
-``planner_messages`` / ``reflection_messages`` for the Planner). With ``data.train`` unset, the
-gold transcripts of a synthetic world are built (and cached) from ``data.gold_world``.
+``planner_messages`` / ``reflection_messages`` for the Planner). ``data.train`` is required: the
+warm start (:mod:`mia.apps.warm_start`) builds gold from a synthetic world and hands it over.
 
 Outputs under ``run_dir``: ``metrics.jsonl`` (one line per step, ``val/loss`` when evaluated),
 ``checkpoints/`` (when ``save_freq`` >= 0) and, unless ``export: false``, the merged folder in
@@ -58,89 +58,12 @@ Log = Callable[[str], None]
 
 
 @dataclass
-class GoldWorldConfig:
-    """Gold transcripts of synthetic worlds (:mod:`mia.apps.gold`), used when ``data.train``
-    is unset. ``seed``: one world or a list of worlds (each world's ``split``, ``limit`` questions
-    each). ``plan``: the Executor prompt with the gold plan (``with``), without (``without``),
-    one conversation of each (``both``, so the model serves with and without a Planner) or one
-    of the two per question, about half each (``alternate``). ``style``: how much the
-    Executor's reasoning says (``full`` | ``concise`` | ``terse``, docs/gold.md)."""
-
-    seed: int | list[int] = field(
-        default=0,
-        metadata={
-            "help": "world seed, or a list of worlds (each world's split, limit questions each); the warm start uses 0, the demo evaluates on 1"
-        },
-    )
-    size: str = field(default="default", metadata={"help": "world size: small | default | large"})
-    split: str = field(default="train", metadata={"help": "train | test | all"})
-    limit: int | None = field(
-        default=None,
-        metadata={"help": "first N questions of the split (after the type filter); null = all"},
-    )
-    types: list[str] = field(
-        default_factory=lambda: ["single_hop", "bridge", "comparison"],
-        metadata={"help": "question types (image questions need a vision model)"},
-    )
-    plan: str = field(
-        default="both",
-        metadata={
-            "help": "with | without | both | alternate (the Executor prompt with and without the gold plan)"
-        },
-    )
-    topk: int = field(
-        default=3, metadata={"help": "search results per query (the agent config's default)"}
-    )
-    style: str = field(
-        default="full",
-        metadata={
-            "help": "how much the Executor's reasoning says: full | concise | terse (docs/gold.md)"
-        },
-    )
-    # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
-    # data that teaches the Planner to derive its plan from memory.
-    planner_memory: bool = field(
-        default=False,
-        metadata={
-            "help": "Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold)"
-        },
-    )
-
-    @property
-    def seeds(self) -> list[int]:
-        return [int(s) for s in self.seed] if isinstance(self.seed, list | tuple) else [self.seed]
-
-    def validate(self) -> GoldWorldConfig:
-        if self.plan not in ("with", "without", "both", "alternate"):
-            raise MiaError(
-                f"data.gold_world.plan must be with | without | both | alternate, got {self.plan!r}"
-            )
-        if self.style not in ("full", "concise", "terse"):
-            raise MiaError(
-                f"data.gold_world.style must be full | concise | terse, got {self.style!r}"
-            )
-        seeds = self.seeds
-        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-            raise MiaError(
-                f"data.gold_world.seed must be >= 0 (distinct in a list), got {self.seed}"
-            )
-        if self.split not in ("train", "test", "all"):
-            raise MiaError(f"data.gold_world.split must be train | test | all, got {self.split!r}")
-        if self.limit is not None and self.limit < 1:
-            raise MiaError("data.gold_world.limit must be >= 1 or null")
-        from mia.data.world_questions import QUESTION_TYPES
-
-        bad = sorted(set(self.types) - set(QUESTION_TYPES))
-        if bad or not self.types:
-            raise MiaError(f"data.gold_world.types must be among {list(QUESTION_TYPES)}, got {bad}")
-        return self
-
-
-@dataclass
 class SftDataConfig:
     train: list[str] = field(
         default_factory=list,
-        metadata={"help": "gold JSONL files (mia gold); [] = build from gold_world"},
+        metadata={
+            "help": "gold JSONL files (mia gold, or the warm start's: python -m mia.apps.warm_start); required"
+        },
     )
     val: list[str] = field(
         default_factory=list,
@@ -162,10 +85,6 @@ class SftDataConfig:
     )
     chat_template_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "passed to the chat template when rendering"}
-    )
-    gold_world: GoldWorldConfig = field(
-        default_factory=GoldWorldConfig,
-        metadata={"help": "gold transcripts built when train is [] (cached under $MIA_HOME/data)"},
     )
 
 
@@ -286,7 +205,6 @@ class SftConfig:
         for ok, message in checks:
             if not ok:
                 raise MiaError(f"sft: {message}")
-        self.data.gold_world.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -370,12 +288,14 @@ class SftRun:
         from mia.rl.sft_data import load_rows, tokenize_rows
 
         d = self.cfg.data
-        if d.train:
-            rows = load_rows(d.train)
-        else:
-            from mia.apps.warm_start import gold_world_file
-
-            rows = load_rows(gold_world_file(d.gold_world, say=self.say))
+        if not d.train:
+            # SFT trains on data it is given; building gold from a world is the warm start's
+            # job (an app above the engine), so the engine never imports it.
+            raise MiaError(
+                "sft: data.train is empty: give gold JSONL files (mia gold), or build the "
+                "warm-start recipe with: python -m mia.apps.warm_start"
+            )
+        rows = load_rows(d.train)
         val_rows = load_rows(d.val) if d.val else []
         if not d.val and d.val_size:
             rows, val_rows = split_by_id(rows, d.val_size, self.cfg.seed)
@@ -655,7 +575,13 @@ def run_sft(cfg: SftConfig | Mapping[str, Any]) -> Path:
 # ----------------------------------------------------------------------------- CLI
 
 
-def compose(config_name: str, overrides: list[str], config_dir: str | Path | None = None) -> dict:
+def compose(
+    config_name: str,
+    overrides: list[str],
+    config_dir: str | Path | None = None,
+    schema: type = SftConfig,
+    group: str = "sft",
+) -> dict:
     """``configs/sft/<name>.yaml``, ``config_dir/<name>.yaml`` or a YAML file path, with Hydra
     overrides. ``configs/`` is on the search path, so a recipe kept elsewhere can still pull the
     engine's groups (``/rl/policy@policy``, ``/rl/workers@workers``)."""
@@ -668,9 +594,9 @@ def compose(config_name: str, overrides: list[str], config_dir: str | Path | Non
     elif len(path.parts) > 1 or (path.suffix == ".yaml" and path.is_file()):  # a file
         cdir = path.parent
     else:
-        return hydra_compose(CONFIG_DIR, f"sft/{name}", list(overrides), SftConfig)
+        return hydra_compose(CONFIG_DIR, f"{group}/{name}", list(overrides), schema)
     search = f"hydra.searchpath=[file://{CONFIG_DIR}]"
-    return hydra_compose(cdir, name, [search, *overrides], SftConfig)
+    return hydra_compose(cdir, name, [search, *overrides], schema)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m mia.rl.sft") -> None:

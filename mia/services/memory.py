@@ -4,12 +4,19 @@ service (``memory_serve``) and its client, :class:`MemoryClient`.
 Field names follow docs/memory_serve.md; the reference's names are accepted as aliases
 (``used_memory_indices``, ``memory_indices``, ``temp_messages``, ``save_path``, ...) so its
 scripts can talk to this service. Batch routes take one object or a JSON list of them.
+
+Where an answer carries a reference field name, it has the reference's type and meaning
+(docs/reference.md §3.1, §3.2): ``need_replan`` is ``"yes"``/``"no"`` text (the boolean is
+``replan_needed``), ``/memory`` also answers the TTRL driver's ``prompt`` and ``indices``, and
+``/replan``'s ``pos_indices``/``neg_indices`` are always empty, as there. Our typed extras
+(``positive_ids``, ``planner``, ...) sit beside them under their own names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+from urllib.parse import quote, urlencode
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -72,15 +79,56 @@ class MemoryQuery(_Request):
     min_similarity: float | None = Field(default=None, ge=-1.0, le=1.0)
     category: Category | None = None  # skip the classifier and use this bucket
     modality: Modality | None = None  # default: text-image iff a caption is given
+    # /memory only: also return how every retrieved memory was scored (``explain``).
+    explain: bool = False
+
+
+class ScoredMemory(BaseModel):
+    """One retrieved memory and the numbers that ranked it (``/memory`` with ``explain``)."""
+
+    rank: int  # 1 = first
+    id: int
+    question: str
+    workflow_summary: str
+    judgement: str
+    usage_count: int
+    success_count: int
+    similarity: float  # raw mixed cosine
+    normalised: float  # min-max normalised over the bucket
+    win_rate: float
+    score: float  # similarity_weight * normalised + win_rate_weight * win_rate
+
+
+class RetrievalExplain(BaseModel):
+    modality: str
+    category: str
+    bucket_size: int
+    # The bucket's raw similarity range used by the min-max normalisation (None: empty bucket).
+    similarity_min: float | None
+    similarity_max: float | None
+    caption_used: bool  # the query had a caption: sim = qw*cos(q) + cw*cos(caption)
+    question_weight: float
+    caption_weight: float
+    similarity_weight: float
+    win_rate_weight: float
+    min_similarity: float | None
+    top_k: int
+    pass_num: int
+    positives: list[ScoredMemory]
+    negatives: list[ScoredMemory]
 
 
 class MemoryResponse(BaseModel):
     context: str
     positive_ids: list[int]
     negative_ids: list[int]
-    # Reference names of the same ids.
+    # Reference names of the same ids (§3.1).
     pos_indices: list[int]
     neg_indices: list[int]
+    # The TTRL driver's names (§3.2): the memory text and the union of both sides' ids.
+    prompt: str
+    indices: list[int]
+    explain: RetrievalExplain | None = None  # only when asked (absent otherwise)
 
 
 class PlanResponse(BaseModel):
@@ -103,8 +151,16 @@ class JudgeReplanRequest(_Request):
     )
 
 
+class BestPlanResponse(PlanResponse):
+    """``/best_plan``: several sampled plans, one picked by the manager LLM."""
+
+    selected_plan_number: str  # "1".."n", the reference's JSON-schema enum value
+    all_plans: list[str]
+
+
 class JudgeReplanResponse(BaseModel):
-    need_replan: bool
+    need_replan: Literal["yes", "no"]  # the reference's text
+    replan_needed: bool  # the same decision as a boolean
     decision: Literal["yes", "no"]
     messages: list[dict[str, Any]]
     planner: Literal["manager", "planner"]
@@ -118,6 +174,9 @@ class ReplanResponse(BaseModel):
     replan: str
     messages: list[dict[str, Any]]
     planner: Literal["manager", "planner"]
+    pos_indices: list[int]  # always [] (the reference's replan prompt holds no memories)
+    neg_indices: list[int]  # always []
+    memory_ids: list[int]  # what the cold-start decision looked at (ours)
 
 
 class ReplanTrainRequest(_Request):
@@ -214,6 +273,110 @@ class FoundMemory(BaseModel):
 
 class FindMemoriesResponse(BaseModel):
     memories: list[FoundMemory]
+
+
+class MemoryRow(BaseModel):
+    """A stored memory as the inspector lists it (``GET /memories``)."""
+
+    id: int
+    data_id: str
+    question: str
+    image_caption: str
+    workflow_summary: str
+    judgement: str
+    usage_count: int
+    success_count: int
+    win_rate: float
+    modality: str
+    category: str
+    created_at: float
+    source: str
+
+
+class MemoryPage(BaseModel):
+    total: int  # memories matching the filters
+    offset: int
+    limit: int
+    memories: list[MemoryRow]
+
+
+class MemoryUse(BaseModel):
+    """A trajectory that used (was credited with) a memory."""
+
+    id: int
+    question: str
+    data_id: str
+    success: bool
+    source: str
+    result_id: int | None  # the memory that trajectory became (None: not stored)
+    created_at: float
+
+
+class MemoryDetail(BaseModel):
+    memory: MemoryRow
+    plan: str
+    extra: dict[str, Any]
+    uses: int  # all recorded uses (``history`` holds the latest)
+    history: list[MemoryUse]
+
+
+class RunInfo(BaseModel):
+    id: str  # the run file's path under the runs folder
+    kind: Literal["ttrl", "eval"]
+    name: str
+    modified: float
+
+
+class RunsResponse(BaseModel):
+    root: str
+    runs: list[RunInfo]
+    truncated: bool
+
+
+class RunDetail(RunInfo):
+    rows: list[dict[str, Any]]  # ttrl: one per batch; eval: one per policy
+
+
+# ---- the OpenAI-compatible proxy (``memory_serve --proxy``; docs/proxy.md)
+
+
+class ProxyChatRequest(BaseModel):
+    """What the proxy reads of ``/v1/chat/completions``; the body goes upstream as sent."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    model: str | None = None
+
+
+class FeedbackRequest(BaseModel):
+    """``POST /v1/feedback``: a task's outcome (``correct`` or a ``judgement``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    task_id: str | None = Field(default=None, max_length=200)  # the X-MIA-Task-Id header
+    completion_id: str | None = Field(default=None, max_length=500)  # or a completion's id
+    correct: bool | None = None
+    judgement: str | None = Field(default=None, max_length=50)
+    feedback: str | None = Field(default=None, max_length=10_000)  # kept with the memory
+
+
+class FeedbackResponse(BaseModel):
+    status: str
+    task_id: str
+    result: WriteOutcome
+
+
+class TaskInfo(BaseModel):
+    """``GET /v1/tasks/{id}``: a proxied task and what became of it."""
+
+    task_id: str
+    question: str
+    plan: str
+    memory_ids: list[int]
+    turns: int
+    status: str  # open | recording | recorded
+    result: WriteOutcome | None
+    created_at: float
 
 
 class RolloutItem(_TrajectoryFields):
@@ -355,6 +518,60 @@ class MemoryClient(ServiceClient):
     async def plan(self, question: str, **kw: Any) -> dict[str, Any]:
         """``{plan, messages, memory_ids, context, ...}``: a plan written with memories."""
         return await self.post("/plan", self.query(question, **kw))
+
+    def plan_sync(self, question: str, **kw: Any) -> dict[str, Any]:
+        return self.post_sync("/plan", self.query(question, **kw))
+
+    def explain_sync(self, question: str, **kw: Any) -> dict[str, Any]:
+        """``/memory`` with ``explain``: the retrieved memories and the numbers that ranked
+        them (``{context, positive_ids, negative_ids, explain: {positives, negatives, ...}}``)."""
+        return self.post_sync("/memory", {**self.query(question, **kw), "explain": True})
+
+    def save_memories_sync(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``/memories``: finished trajectories to remember (``{results: [...]}``)."""
+        return self.post_sync("/memories", [dict(i) for i in items])
+
+    def list_memories_sync(self, **params: Any) -> dict[str, Any]:
+        """``GET /memories``: one page (``offset``, ``limit``, ``q``, ``judgement``, ``bucket``,
+        ``source``, ``sort``) -> ``{total, offset, limit, memories}``."""
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        return self.get_sync(f"/memories?{query}" if query else "/memories")
+
+    def memory_detail_sync(self, memory_id: int, history: int = 200) -> dict[str, Any]:
+        """``GET /memories/{id}``: the memory and the trajectories that used it."""
+        return self.get_sync(f"/memories/{int(memory_id)}?history={int(history)}")
+
+    def runs_sync(self) -> dict[str, Any]:
+        """``GET /runs``: TTRL and eval runs under the service's runs folder."""
+        return self.get_sync("/runs")
+
+    def run_sync(self, run_id: str) -> dict[str, Any]:
+        """``GET /runs/detail``: one run's rows (per batch or per policy)."""
+        return self.get_sync(f"/runs/detail?{urlencode({'id': run_id})}")
+
+    def feedback_sync(
+        self,
+        task_id: str | None = None,
+        *,
+        completion_id: str | None = None,
+        correct: bool | None = None,
+        judgement: str | None = None,
+        feedback: str | None = None,
+    ) -> dict[str, Any]:
+        """``POST /v1/feedback`` (proxy): the outcome of a proxied task -> ``{status, task_id,
+        result}``; the task's conversation is written to memory."""
+        body = FeedbackRequest(
+            task_id=task_id,
+            completion_id=completion_id,
+            correct=correct,
+            judgement=judgement,
+            feedback=feedback,
+        )
+        return self.post_sync("/v1/feedback", body.model_dump(exclude_none=True))
+
+    def task_sync(self, task_id: str) -> dict[str, Any]:
+        """``GET /v1/tasks/{id}`` (proxy): a task's plan, memories, turns and status."""
+        return self.get_sync(f"/v1/tasks/{quote(task_id, safe='')}")
 
     async def judge_replan(
         self, workflow: str, past_messages: Sequence[Mapping[str, Any]], memory_ids: Sequence[int]

@@ -1,5 +1,11 @@
 """The serve contract: ``/execute`` and ``/continue`` request and response models, shared by
-the Executor service (``serve``) and its client, :class:`ExecutorClient`."""
+the Executor service (``serve``) and its client, :class:`ExecutorClient`.
+
+``/plan`` and ``/replan`` are the reference's routes (docs/reference.md §3.2, §3.3): the same runs,
+answered in the reference's shape (``prompt``: the reflection prompt wrapping the trace,
+``trace``, ``history_messages``: the chat after the first user prompt) plus our fields; their
+``/replan`` takes that history (not the whole conversation) with ``plan``, and both take a
+question's images from ``data_id`` (``serve.images_from``) when the client sends none."""
 
 from __future__ import annotations
 
@@ -52,6 +58,28 @@ class ContinueRequest(_Request):
         return value
 
 
+class ReferenceReplanRequest(_Request):
+    """``/replan``: the reference's body. ``messages`` is the history its ``/plan`` returned
+    (starting at the first assistant turn); a whole conversation (system + prompt first, as
+    ``/continue`` takes) is accepted too."""
+
+    plan: str = Field(default="", description="the plan the history ran ('' for none)")
+    messages: list[dict[str, Any]] = Field(
+        min_length=1, description="history_messages of /plan (or the whole conversation)"
+    )
+    replan: str = Field(description="the supplementary plan")
+    image_caption: str | list[str] | None = Field(
+        default=None, description="accepted for compatibility; not shown to the Executor"
+    )
+
+    @field_validator("replan")
+    @classmethod
+    def _replan(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -80,6 +108,15 @@ class ExecuteResponse(BaseModel):
     forced_answer: bool = Field(description="the model was told to answer now")
     replanned: bool
     data_id: str | None
+
+
+class ReferenceResponse(ExecuteResponse):
+    """``/plan`` and ``/replan``: the reference's fields first, then ours."""
+
+    prompt: str = Field(description="the Planner's reflection prompt wrapping ``trace``")
+    history_messages: list[dict[str, Any]] = Field(
+        description="the conversation after the first user prompt (what /replan takes back)"
+    )
 
 
 # ---------------------------------------------------------------------------- client

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mia.caption import caption_text
 from mia.services.base import ServiceClient
 
 
@@ -39,9 +40,7 @@ class StreamSample(BaseModel):
         return text
 
     def to_sample(self) -> dict[str, Any]:
-        caption = self.image_caption
-        if isinstance(caption, list):
-            caption = "\n".join(caption)
+        caption = caption_text(self.image_caption)  # a list: its first caption, as memory_serve
         return {
             "data_id": str(self.data_id),
             "question": self.question,
@@ -91,3 +90,115 @@ class StreamingClient(ServiceClient):
 
     def save_checkpoint(self) -> dict[str, Any]:
         return self.post_sync("/save_checkpoint", {})
+
+
+# ----------------------------------------------------------------------------- reference bodies
+
+_CODEC_KEYS = ("__ndarray_object__", "__ndarray_numpy__", "__tensor__")
+
+
+class ReferenceBatchError(ValueError):
+    """A reference ``rollout``/``batch`` body this server cannot read (answered 422)."""
+
+
+def _plain(value: Any) -> Any:
+    """The reference codec's wrappers (docs/reference.md §3.6) unwrapped to plain lists."""
+    if isinstance(value, Mapping) and any(value.get(k) is True for k in _CODEC_KEYS):
+        return value.get("data")
+    return value
+
+
+def _columns(batch: Any) -> dict[str, list[Any]]:
+    """Per-sample columns of a collated batch: ``non_tensor_batch`` (and ``batch``) or flat."""
+    if isinstance(batch, str):  # "JSON-encoded": the batch may arrive as a JSON string
+        import json
+
+        try:
+            batch = json.loads(batch)
+        except ValueError as err:
+            raise ReferenceBatchError(f"rollout: not JSON ({err})") from None
+    if not isinstance(batch, Mapping):
+        raise ReferenceBatchError("rollout: expected a collated batch (a JSON object)")
+    cols: dict[str, Any] = {}
+    for part in ("batch", "non_tensor_batch"):  # tensors first; non-tensor columns win
+        inner = batch.get(part)
+        if isinstance(inner, Mapping):
+            cols.update({str(k): _plain(v) for k, v in inner.items()})
+    if not cols:
+        cols = {str(k): _plain(v) for k, v in batch.items() if k != "meta_info"}
+    return {k: v for k, v in cols.items() if isinstance(v, list)}
+
+
+def _prompt_question(prompt: Any) -> str:
+    """The first user message's text of a chat prompt (the reference's ``prompt[0].content``)."""
+    if isinstance(prompt, str):
+        return prompt
+    for msg in prompt if isinstance(prompt, list) else []:
+        if isinstance(msg, Mapping) and msg.get("role", "user") == "user":
+            content = msg.get("content")
+            if isinstance(content, list):
+                content = " ".join(
+                    str(p.get("text", "")) for p in content if isinstance(p, Mapping)
+                )
+            return str(content or "")
+    return ""
+
+
+def samples_from_reference_batch(batch: Any) -> list[dict[str, Any]]:
+    """``{"rollout": <collated batch>}`` -> our sample dicts (data_id, question, caption, ...).
+
+    The question comes from ``question``, else ``extra_info.question``, else the first user
+    message of ``raw_prompt``/``prompt``; ``<image>`` tokens are dropped. Tokens and ground truth
+    in the batch are ignored: the server tokenises with its own Planner, and ground truth lives
+    only in the reward server."""
+    cols = _columns(batch)
+    ids = cols.get("data_id")
+    if ids is None:
+        extra = cols.get("extra_info") or []
+        ids = [e.get("data_id") if isinstance(e, Mapping) else None for e in extra] or None
+    if not ids:
+        raise ReferenceBatchError("rollout: no data_id column (non_tensor_batch.data_id)")
+    out = []
+    for i, data_id in enumerate(ids):
+
+        def col(name: str, i: int = i) -> Any:
+            values = cols.get(name)
+            return values[i] if values is not None and i < len(values) else None
+
+        extra = col("extra_info")
+        question = col("question")
+        if not question and isinstance(extra, Mapping):
+            question = extra.get("question")
+        if not question:
+            question = _prompt_question(col("raw_prompt") or col("prompt"))
+        question = str(question or "").replace("<image>", "").strip()
+        if not question:
+            raise ReferenceBatchError(f"rollout: sample {i} has no question")
+        sample: dict[str, Any] = {"data_id": data_id, "question": question}
+        for name in ("image_caption", "modality", "data_source"):
+            if col(name):
+                sample[name] = col(name)
+        out.append(sample)
+    return out
+
+
+class RegisterImagesEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    data_id: str | int
+    images: list[Any] = Field(default_factory=list)
+
+
+class RegisterImagesRequest(BaseModel):
+    """``/streaming/register_images``: ``{"entries": [{data_id, images}]}`` or one entry."""
+
+    model_config = ConfigDict(extra="ignore")
+    entries: list[RegisterImagesEntry] | None = None
+    data_id: str | int | None = None
+    images: list[Any] = Field(default_factory=list)
+
+    def all_entries(self) -> list[RegisterImagesEntry]:
+        if self.entries is not None:
+            return self.entries
+        if self.data_id is None:
+            raise ValueError("send entries or one entry (data_id, images)")
+        return [RegisterImagesEntry(data_id=self.data_id, images=self.images)]
