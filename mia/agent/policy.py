@@ -13,6 +13,9 @@ the next assistant turn and how to append injected turns to the running context.
   the chat template's delta tokens (veRL's trick: render a fixed dummy conversation with and
   without the new messages and tokenise the difference), so the conversation is never
   re-tokenised and ``decode(prompt_ids + response_ids)`` is exactly the rendered conversation.
+  Images (Qwen2.5-VL): each ``<|image_pad|>`` the template renders is expanded to one pad per
+  merged patch (:func:`mia.vision.expand_image_pads`) and the images' pixel values and grids
+  travel with the trajectory (``traj.multimodal``) to the engine and to the trainer.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from mia.llm.base import ChatBackend, LLMError, Message, SamplingParams
 from mia.trace import content_text
 
 from . import protocol as P
-from .images import is_image_part
+from .images import is_image_part, message_images
 from .trajectory import ASSISTANT, END_OF_TURN, Segment, Trajectory
 
 
@@ -54,6 +57,39 @@ class Injection:
     text: str
     token_ids: list[int] | None
     n_tokens: int
+    # Token mode with images: the injected images (PIL), pixel values and grids, in order.
+    images: MultimodalInputs | None = None
+
+
+@dataclass
+class MultimodalInputs:
+    """Images of a token-mode conversation in the order their pads appear: the PIL images
+    (for engines that run their own processor, e.g. vLLM), and per image its pixel values
+    ``[patches, dim]`` and grid ``(t, h, w)`` (what the transformers engine and the trainer
+    feed Qwen2.5-VL)."""
+
+    images: list[Any]
+    pixel_values: list[Any]
+    grids: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def extend(self, other: MultimodalInputs) -> None:
+        self.images += other.images
+        self.pixel_values += other.pixel_values
+        self.grids += other.grids
+
+    def as_inputs(self) -> dict[str, Any]:
+        """``{"pixel_values", "image_grid_thw", "images"}`` for ``generate_ids(multimodal=)``
+        and the policy batch."""
+        import torch
+
+        return {
+            "pixel_values": torch.cat(self.pixel_values),
+            "image_grid_thw": torch.cat([g.reshape(-1, 3) for g in self.grids]).long(),
+            "images": list(self.images),
+        }
 
 
 class Policy(Protocol):
@@ -192,6 +228,9 @@ def _last_assistant_message(traj: Trajectory) -> int:
 
 # ---------------------------------------------------------------------------- token policy
 
+# traj.state key of a token-mode trajectory's images (MultimodalInputs).
+MM_STATE = "multimodal"
+
 # Stand-ins for the dummy conversation whose renderings give the template's fixed pieces.
 _DUMMY_SYSTEM = "MIA-DUMMY-SYSTEM"
 _DUMMY_USER = "MIA-DUMMY-USER"
@@ -199,12 +238,19 @@ _DUMMY_ASSISTANT = "MIA-DUMMY-ASSISTANT"
 
 
 class TokenPolicy:
-    """Token-in/token-out over an engine with ``generate_ids`` (text questions).
+    """Token-in/token-out over an engine with ``generate_ids``.
 
     ``tokenizer`` defaults to ``engine.tokenizer``; ``tokenizer_lock`` to
     ``engine.tokenizer_lock`` (the engine's worker thread uses the same tokenizer).
-    Multimodal token mode (pixel values, expanded image pads) is not implemented yet: a question
-    or observation with images raises a clear error.
+
+    Images (question images and tool-result images) need a Qwen2.5-VL engine: its config
+    (``engine.hf_config`` or ``engine.model.config``) gives the image pad id and the vision
+    tower's patch / merge sizes. Every rendered ``<|image_pad|>`` is expanded to one pad per
+    merged patch, images are preprocessed with :func:`mia.vision.preprocess_images` (the
+    Qwen2-VL processor's numerics; ``image_processor`` overrides ``min_pixels`` /
+    ``max_pixels``), and each generation call gets ``multimodal=`` every image so far
+    (``pixel_values``, ``image_grid_thw`` and the PIL ``images``). Image pads inside injected
+    turns are injected tokens (mask 0) like the rest of the observation.
     """
 
     token_exact = True
@@ -217,6 +263,7 @@ class TokenPolicy:
         tokenizer_lock: Any = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         defaults: SamplingParams | None = None,
+        image_processor: dict[str, Any] | None = None,
     ) -> None:
         if not callable(getattr(engine, "generate_ids", None)):
             raise MiaError(
@@ -232,6 +279,8 @@ class TokenPolicy:
         self.template_kwargs = dict(chat_template_kwargs or {})
         self.defaults = defaults
         self.max_context = getattr(engine, "max_context", None)
+        self.image_processor = dict(image_processor or {})
+        self._vision: dict[str, int] | None = _vision_settings(engine, self.tokenizer)
         self._init_template()
 
     # ---- tokenizer helpers (all under the lock)
@@ -304,15 +353,56 @@ class TokenPolicy:
 
     # ---- policy protocol
     async def begin(self, traj: Trajectory) -> None:
-        if traj.images or _count_images(traj.messages):
-            raise MiaError(
-                "TokenPolicy: multimodal token mode is not implemented yet (text questions "
-                "only); use ChatPolicy for image questions"
-            )
         traj.prompt_text = self.render(traj.messages, True)
-        traj.prompt_ids = self.encode(traj.prompt_text)
+        ids = self.encode(traj.prompt_text)
+        images = message_images(traj.messages) if _count_images(traj.messages) else []
+        if images:
+            mm = self._preprocess(images)
+            ids = self._expand(ids, mm)
+            traj.state[MM_STATE] = mm
+        traj.prompt_ids = ids
         traj.token_mode = True
         traj.state["pending"] = ""
+
+    # ---- images
+    def _preprocess(self, images: list[Any]) -> MultimodalInputs:
+        if self._vision is None:
+            raise MiaError(
+                "TokenPolicy: this engine's model takes no images (token mode with images needs "
+                "a Qwen2.5-VL model); use a vision model or drop the images"
+            )
+        from mia.vision import preprocess_images
+
+        v = self._vision
+        kwargs = {
+            "patch_size": v["patch_size"],
+            "temporal_patch_size": v["temporal_patch_size"],
+            "merge_size": v["merge_size"],
+        }
+        for key in ("min_pixels", "max_pixels"):
+            if key in self.image_processor:
+                kwargs[key] = int(self.image_processor[key])
+        pixels, grids = [], []
+        for img in images:  # one at a time: per-image pixel rows and grids
+            out = preprocess_images([img], **kwargs)
+            pixels.append(out["pixel_values"])
+            grids.append(out["image_grid_thw"])
+        return MultimodalInputs(list(images), pixels, grids)
+
+    def _expand(self, ids: list[int], mm: MultimodalInputs) -> list[int]:
+        from mia.vision import expand_image_pads
+
+        assert self._vision is not None
+        pad = self._vision["image_token_id"]
+        if sum(1 for t in ids if t == pad) != len(mm):
+            raise MiaError(
+                f"TokenPolicy: the chat template rendered {sum(1 for t in ids if t == pad)} "
+                f"image pad token(s) for {len(mm)} image(s)"
+            )
+        grid = [g.reshape(-1, 3)[0].tolist() for g in mm.grids]
+        return list(
+            expand_image_pads(ids, grid, merge_size=self._vision["merge_size"], image_token_id=pad)
+        )
 
     def context_tokens(self, traj: Trajectory) -> int:
         return traj.context_length()
@@ -322,7 +412,11 @@ class TokenPolicy:
             raise MiaError("TokenPolicy: the trajectory has no prompt ids (begin() not called)")
         ids = traj.input_ids
         assert ids is not None
-        res = await self.engine.generate_ids(ids, params)
+        mm = traj.state.get(MM_STATE)
+        if mm is not None and len(mm):
+            res = await self.engine.generate_ids(ids, params, multimodal=mm.as_inputs())
+        else:
+            res = await self.engine.generate_ids(ids, params)
         if res.token_ids is None:
             raise LLMError("TokenPolicy: the engine returned no token ids")
         toks = [int(t) for t in res.token_ids]
@@ -369,20 +463,26 @@ class TokenPolicy:
         return self._prefix_tokens(body, cut, through)
 
     def prepare(self, traj: Trajectory, messages: list[Message], kind: str) -> Injection:
-        if _count_images(messages):
-            raise MiaError(
-                "TokenPolicy: images in tool results are not supported in token mode yet"
-            )
         full = self.render(self._dummy + list(messages), True)
         if not full.startswith(self._dummy_prefix):
             raise MiaError("TokenPolicy: the chat template re-renders earlier turns")
         text = traj.state.get("pending", "") + full[len(self._dummy_prefix) :]
         ids = self.encode(text)
-        return Injection(kind, list(messages), text, ids, len(ids))
+        mm = None
+        if _count_images(messages):
+            mm = self._preprocess(message_images(messages))
+            ids = self._expand(ids, mm)
+        return Injection(kind, list(messages), text, ids, len(ids), mm)
 
     def commit(self, traj: Trajectory, injection: Injection) -> None:
         traj.segments.append(Segment(injection.kind, injection.text, 0, injection.token_ids))
         traj.state["pending"] = ""
+        if injection.images is not None and len(injection.images):
+            mm = traj.state.get(MM_STATE)
+            if mm is None:
+                traj.state[MM_STATE] = MultimodalInputs([], [], [])
+                mm = traj.state[MM_STATE]
+            mm.extend(injection.images)
 
     def drop_answer(self, traj: Trajectory) -> str:
         idx = next(
@@ -412,6 +512,25 @@ class TokenPolicy:
         ]
         traj.state["pending"] = self.after_eot
         return self.decode(kept)
+
+
+def _vision_settings(engine: Any, tokenizer: Any) -> dict[str, int] | None:
+    """Image pad id and vision patch sizes of the engine's model, or None for a text model."""
+    config = getattr(engine, "hf_config", None)
+    if config is None:
+        config = getattr(getattr(engine, "model", None), "config", None)
+    vision = getattr(config, "vision_config", None)
+    pad = getattr(config, "image_token_id", None)
+    if vision is None or pad is None:
+        return None
+    if tokenizer is not None and tokenizer.convert_tokens_to_ids("<|image_pad|>") != pad:
+        return None  # a template that renders some other placeholder
+    return {
+        "image_token_id": int(pad),
+        "patch_size": int(getattr(vision, "patch_size", 14)),
+        "temporal_patch_size": int(getattr(vision, "temporal_patch_size", 2)),
+        "merge_size": int(getattr(vision, "spatial_merge_size", 2)),
+    }
 
 
 class _LazyDecodedLengths:

@@ -175,6 +175,13 @@ class Trajectory:
         return out
 
     @property
+    def multimodal(self) -> dict[str, Any] | None:
+        """Token mode with images: ``{"pixel_values", "image_grid_thw", "images"}`` of every
+        image whose (expanded) pads are in the ids, in order; None without images."""
+        mm = self.state.get("multimodal")
+        return mm.as_inputs() if mm is not None and len(mm) else None
+
+    @property
     def input_ids(self) -> list[int] | None:
         resp = self.response_ids
         return None if resp is None or self.prompt_ids is None else self.prompt_ids + resp

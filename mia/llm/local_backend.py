@@ -143,7 +143,8 @@ class _Engine:
     def _check_multimodal(self, prompt_ids: list[int], mm: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        unknown = sorted(set(mm) - {"pixel_values", "image_grid_thw"})
+        # "images" (the PIL images, for engines that run their own processor) is not needed.
+        unknown = sorted(set(mm) - {"pixel_values", "image_grid_thw", "images"})
         if unknown:
             raise LLMError(f"local model {self.name}: unknown multimodal inputs {unknown}")
         cfg = self.model.config
@@ -423,7 +424,12 @@ def _load(path: str | Path, device: str, dtype: str) -> tuple[Any, Any]:
         raise LLMError(f"local backend: {path} is not a model folder (no config.json)")
     torch_dtype = getattr(torch, precision.compute_dtype(dtype, device))
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    if (path / "preprocessor_config.json").is_file():  # Qwen2.5-VL: image-text-to-text
+        from mia.models.hf import load_hf_model
+
+        model = load_hf_model(path, dtype=torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
     return model, tokenizer
 
 

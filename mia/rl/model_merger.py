@@ -4,9 +4,16 @@
     python -m mia.rl.model_merger test  --backend fsdp --local_dir CKPT/global_step_K --test_hf_dir REF
 
 The command line matches veRL's merger (``--tie-word-embedding``, ``--trust-remote-code`` and
-the other flags are accepted), but the input is a checkpoint written by :mod:`mia.rl.checkpoint`:
-``dcp/`` (torch.distributed.checkpoint shards, one ``__{rank}_{i}.distcp`` file per rank),
-``huggingface/`` (config, tokenizer, processor) and ``meta.json``. Shards are resharded to
+the other flags are accepted). Two inputs are read:
+
+- a checkpoint written by :mod:`mia.rl.checkpoint`: ``dcp/`` (torch.distributed.checkpoint
+  shards, one ``__{rank}_{i}.distcp`` file per rank), ``huggingface/`` and ``meta.json``;
+- a veRL FSDP checkpoint (``global_step_K/actor``): ``model_world_size_W_rank_R.pt`` (each
+  rank's ``state_dict()``, DTensors under FSDP2 / HSDP, plain row pieces under FSDP1) and
+  ``huggingface/``. The files are unpickled with ``weights_only=True`` (DTensor types only),
+  and transformers-4 Qwen-VL names (``visual.*``, ``model.layers.*``) are renamed.
+
+Shards are resharded to
 full tensors on CPU (any world size), LoRA adapters are merged into the base weights, and the
 architecture is rebuilt from the saved config: Qwen2.5-VL as an image-text-to-text model
 (``AutoModelForImageTextToText``), everything else as a causal LM. The output (safetensors,
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import re
 import sys
 import warnings
@@ -159,15 +167,175 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-# ----------------------------------------------------------------------------- commands
+# ----------------------------------------------------------------------------- veRL shards
+
+_VERL_SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+# transformers 4 named Qwen2(.5)-VL weights ``visual.*`` / ``model.*``; transformers 5 nests
+# both under ``model.`` (veRL checkpoints written with transformers 4 use the old names).
+_VL_RENAMES = (
+    (re.compile(r"^visual\."), "model.visual."),
+    (re.compile(r"^model\.(?!language_model\.|visual\.)"), "model.language_model."),
+)
 
 
-def merge(local_dir: str | Path, target_dir: str | Path, **kwargs: Any) -> Path:
+def verl_world_size(local_dir: Path) -> int | None:
+    """The world size of veRL's ``model_world_size_W_rank_R.pt`` files in ``local_dir``, if any."""
+    sizes = {int(m.group(1)) for p in local_dir.iterdir() if (m := _VERL_SHARD.match(p.name))}
+    if len(sizes) > 1:
+        raise CheckpointError(f"{local_dir} mixes veRL shards of world sizes {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
+def _verl_dir(local_dir: Path) -> Path | None:
+    """``local_dir`` or its ``actor/`` (veRL's ``global_step_K/actor``) when it holds veRL shards."""
+    if not local_dir.is_dir():
+        raise CheckpointError(f"checkpoint folder not found: {local_dir}")
+    for d in (local_dir, local_dir / "actor"):
+        if d.is_dir() and verl_world_size(d) is not None:
+            return d
+    return None
+
+
+def _load_shard(path: Path) -> dict[str, Any]:
+    """One rank's state dict, unpickled with ``weights_only`` (tensors, DTensors and their
+    placements only: a checkpoint file must not be able to run code)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    safe = [DTensor, DTensorSpec, TensorMeta, DeviceMesh, Shard, Replicate, Partial]
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")
+    level = mesh_log.level  # it warns that a mesh unpickled without process groups is unusable
+    mesh_log.setLevel(logging.ERROR)  # for torch.compile; we only read its shape
+    try:
+        with torch.serialization.safe_globals(safe):
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:
+        raise CheckpointError(f"cannot read veRL shard {path}: {_first_line(err)}") from None
+    finally:
+        mesh_log.setLevel(level)
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"veRL shard {path} holds {type(sd).__name__}, not a state dict")
+    return sd
+
+
+def _shard_dims(tensor: Any) -> list[int | None]:
+    """Per mesh dimension: the tensor dim it is sharded along, or None (replicated).
+
+    A plain tensor is one rank's piece along dim 0 (veRL's FSDP1 flat layout); a DTensor
+    says so itself (FSDP2 ``Shard(0)``; HSDP meshes ``(ddp, fsdp)`` replicate the first)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    if not isinstance(tensor, DTensor):
+        return [0]
+    dims: list[int | None] = []
+    for p in tensor.placements:
+        if isinstance(p, Shard):
+            dims.append(int(p.dim))
+        elif isinstance(p, Replicate):
+            dims.append(None)
+        else:
+            raise CheckpointError(f"unsupported DTensor placement {p} (partial sums)")
+    return dims
+
+
+def load_verl_state_dict(local_dir: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """Full weights from veRL's ``model_world_size_W_rank_R.pt`` shards; returns (state dict,
+    folder holding ``huggingface/``). Missing ranks are named before any shard is read."""
+    from torch.distributed.tensor import DTensor
+
+    vdir = _verl_dir(Path(local_dir))
+    if vdir is None:
+        raise CheckpointError(f"{local_dir} holds no veRL model shards")
+    world = int(verl_world_size(vdir) or 0)
+    paths = [vdir / f"model_world_size_{world}_rank_{r}.pt" for r in range(world)]
+    for r, p in enumerate(paths):
+        if not p.is_file():
+            raise CheckpointError(
+                f"checkpoint {vdir} is incomplete: shard of rank {r} missing ({p.name})"
+            )
+    shards = [_load_shard(p) for p in paths]
+    keys = list(shards[0])
+    for r, sd in enumerate(shards[1:], 1):
+        if set(sd) != set(keys):
+            raise CheckpointError(f"veRL shard of rank {r} holds other weights than rank 0")
+    mesh_shape: tuple[int, ...] = (world,)
+    for v in shards[0].values():
+        if isinstance(v, DTensor):
+            mesh_shape = tuple(v.device_mesh.mesh.shape)
+            break
+    full: dict[str, torch.Tensor] = {}
+    for key in keys:
+        dims = _shard_dims(shards[0][key])
+        if len(dims) != len(mesh_shape):
+            raise CheckpointError(f"{key}: placements {dims} do not fit the mesh {mesh_shape}")
+        pieces = [sd[key].to_local() if isinstance(sd[key], DTensor) else sd[key] for sd in shards]
+        full[key] = _merge_pieces(pieces, list(mesh_shape), dims)
+    return full, vdir
+
+
+def _merge_pieces(
+    pieces: list[torch.Tensor], mesh_shape: list[int], dims: list[int | None]
+) -> torch.Tensor:
+    """Glue row-major rank pieces back along the mesh, last mesh dim first."""
+    if not mesh_shape:
+        return pieces[0].detach().clone()
+    inner = 1
+    for n in mesh_shape[1:]:
+        inner *= n
+    # merge the inner mesh dims of each outer index, then the outer dim
+    outer = [
+        _merge_pieces(pieces[i * inner : (i + 1) * inner], mesh_shape[1:], dims[1:])
+        for i in range(mesh_shape[0])
+    ]
+    if dims[0] is None:
+        return outer[0]
+    return torch.cat(outer, dim=dims[0]).contiguous()
+
+
+def rename_for_config(sd: dict[str, torch.Tensor], hf_src: Path) -> dict[str, torch.Tensor]:
+    """Map transformers-4 Qwen-VL weight names to the nesting transformers 5 builds."""
+    from transformers import AutoConfig
+
+    from mia.models.hf import is_vision_config
+
+    if not is_vision_config(AutoConfig.from_pretrained(str(hf_src))):
+        return sd
+    if any(k.startswith(("model.language_model.", "model.visual.")) for k in sd):
+        return sd
+    out = {}
+    for key, value in sd.items():
+        for pattern, repl in _VL_RENAMES:
+            key = pattern.sub(repl, key, count=1) if pattern.match(key) else key
+            if key.startswith(("model.visual.", "model.language_model.")):
+                break
+        out[key] = value
+    return out
+
+
+def load_any_state_dict(local_dir: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """(full weights, ``huggingface/`` folder) of a MIA (DCP) or a veRL checkpoint."""
     local_dir = Path(local_dir)
+    if _verl_dir(local_dir) is not None:
+        sd, vdir = load_verl_state_dict(local_dir)
+        hf_src = vdir / "huggingface"
+        if not (hf_src / "config.json").is_file():
+            raise CheckpointError(f"checkpoint {vdir} lacks huggingface/config.json")
+        return rename_for_config(sd, hf_src), hf_src
     sd = load_model_state_dict(local_dir)
     hf_src = _dcp_dir(local_dir).parent / "huggingface"
     if not (hf_src / "config.json").is_file():
         raise CheckpointError(f"checkpoint {local_dir} lacks huggingface/config.json")
+    return sd, hf_src
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def merge(local_dir: str | Path, target_dir: str | Path, **kwargs: Any) -> Path:
+    sd, hf_src = load_any_state_dict(local_dir)
     return write_hf_folder(sd, hf_src, target_dir, **kwargs)
 
 
@@ -175,9 +343,7 @@ def compare(
     local_dir: str | Path, test_hf_dir: str | Path, atol: float = 1e-6, **kwargs: Any
 ) -> int:
     """Compare merged checkpoint weights with a reference HF folder; returns tensors compared."""
-    local_dir = Path(local_dir)
-    sd = load_model_state_dict(local_dir)
-    hf_src = _dcp_dir(local_dir).parent / "huggingface"
+    sd, hf_src = load_any_state_dict(local_dir)
     ours = build_model(sd, hf_src, **kwargs).state_dict()
     if not Path(test_hf_dir).is_dir():
         raise MiaError(f"reference folder not found: {test_hf_dir}")

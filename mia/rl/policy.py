@@ -127,6 +127,11 @@ class PolicyConfig:
         "AVX512-BF16/AMX), else fp32 | bf16 | none (mia.precision)",
     )
     gradient_checkpointing: bool = option(False, "recompute activations in the backward pass")
+    offload: bool = option(
+        False,
+        "GPU only: FSDP2 CPUOffloadPolicy -- parameters, gradients and optimizer state live in "
+        "host memory between uses (a 7B policy beside a vLLM engine); ignored on CPU",
+    )
     trainable: list[str] = option(
         [],
         "regexes (re.search on parameter names) of the parameters that train, the others "
@@ -359,6 +364,12 @@ class PolicyModel:
             )
         # The units HF itself refuses to split (decoder layers, vision blocks) shard as groups:
         # each is all-gathered just before its forward and freed right after.
+        if self.cfg.offload and self.device.type == "cuda":
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            # Shards stay in pinned host memory; each unit is copied in just for its compute,
+            # and the optimizer steps on the host copies (its state lives there too).
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         units = set(getattr(hf, "_no_split_modules", None) or [])
         for sub in list(module.modules()):
             if type(sub).__name__ in units:

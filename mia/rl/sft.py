@@ -344,7 +344,9 @@ class SftRun:
         if self.cfg.workers.mode == "ray":
             from mia.rl.ray_utils import start_private_ray
 
-            self._ray_ctx = start_private_ray(self.run_dir, self.cfg.workers.ray_num_cpus)
+            self._ray_ctx = start_private_ray(
+                self.run_dir, self.cfg.workers.ray_num_cpus, self.cfg.workers.ray_address
+            )
         t0 = time.perf_counter()
         self.policy = PolicyGroup.from_config(self.policy_config(), self.cfg.workers)
         log.info("policy ready in %.1f s", time.perf_counter() - t0)

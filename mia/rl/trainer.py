@@ -376,7 +376,9 @@ class Trainer:
     def _start_ray(self) -> None:
         from mia.rl.ray_utils import start_private_ray
 
-        self._ray_ctx = start_private_ray(self.run_dir, self.cfg.workers.ray_num_cpus)
+        self._ray_ctx = start_private_ray(
+            self.run_dir, self.cfg.workers.ray_num_cpus, self.cfg.workers.ray_address
+        )
 
     def _build_generator(self) -> Any:
         from mia.rl.generators import make_generator
@@ -607,13 +609,18 @@ class Trainer:
         timing["old_logprobs"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        slept = self._engine_sleep() if self._has_signal(adv) else False
         update = self._update(batch) if self._has_signal(adv) else []
         timing["update"] = time.perf_counter() - t0
 
         self.step = step
         t0 = time.perf_counter()
+        if slept:  # weights back on the GPU first: the sync writes into them
+            self.generator.wake_up(["weights"])
         if update:  # unchanged weights need no sync
             self.sync_weights()
+        if slept:
+            self.generator.wake_up(["kv_cache"])
         timing["sync"] = time.perf_counter() - t0
 
         timing["step"] = timing["rollout"] + time.perf_counter() - t_learn
@@ -623,6 +630,13 @@ class Trainer:
         if log:
             self.log_metrics(metrics)
         return metrics
+
+    def _engine_sleep(self) -> bool:
+        """Free the rollout engine's GPU memory for the update (vLLM sleep mode, GPU only);
+        True when it slept, so the caller wakes it."""
+        if not getattr(self.generator, "sleep_enabled", False):
+            return False
+        return bool(self.generator.sleep(level=1))
 
     def _has_signal(self, adv: torch.Tensor) -> bool:
         """False when the step would only replay optimizer momentum: every advantage is zero

@@ -1,7 +1,10 @@
 """Data-parallel policy workers: Ray actors holding FSDP2 shards, driven by a ``PolicyGroup``.
 
-``PolicyGroup(cfg, world_size=N)`` spawns N Ray actors (one CPU or GPU each); they form a
-process group on 127.0.0.1 and each builds a :class:`~mia.rl.policy.PolicyModel` shard. The
+``PolicyGroup(cfg, world_size=N)`` reserves a Ray placement group of N bundles (one CPU or GPU
+each; ``PACK`` fills a node before the next, ``SPREAD`` / ``STRICT_SPREAD`` across nodes), starts
+one actor per bundle, asks rank 0 for its node's IP and a free port there, and the ranks form
+the process group on that address (gloo on CPU, NCCL on GPU), so ranks on other nodes can reach
+it. Each builds a :class:`~mia.rl.policy.PolicyModel` shard. The
 driver splits every batch into N contiguous slices (rank r gets slice r), calls the same method
 on all ranks at once and gathers the results. ``mode="single_process"`` runs the very same
 worker class in the driver process at world size 1: a configuration for debugging and tests,
@@ -10,6 +13,7 @@ not a second implementation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,19 @@ class WorkersConfig:
         None, "Ray GPUs per worker; null = 1 when the Ray cluster has GPUs, else 0"
     )
     ray_num_cpus: int | None = option(None, "CPUs of the local Ray cluster; null = all")
+    ray_address: str | None = option(
+        None,
+        "join a running Ray cluster: auto | HOST:6379 (after `ray start --head` / "
+        "`ray start --address`); null = start a private single-node cluster",
+    )
+    placement_strategy: str = option(
+        "PACK",
+        "how the workers' placement-group bundles spread over nodes: PACK | SPREAD | "
+        "STRICT_PACK | STRICT_SPREAD",
+    )
+    placement_timeout_s: float = option(
+        600, "seconds to wait for the cluster to have room for all workers"
+    )
 
 
 class PolicyWorker:
@@ -49,17 +66,40 @@ class PolicyWorker:
         master_port: int | None = None,
         master_addr: str = "127.0.0.1",
         torch_threads: int | None = None,
+        defer: bool = False,
     ):
+        """``defer`` (Ray): construct only; :meth:`setup` joins the group once rank 0's
+        address is known."""
         if torch_threads:
             torch.set_num_threads(torch_threads)
-        D.init_process_group(rank, world_size, master_addr, master_port)
-        self.policy = PolicyModel(PolicyConfig.from_dict(cfg))
+        self._cfg = cfg
+        self._rank, self._world_size = rank, world_size
+        if not defer:
+            self.setup(master_addr, master_port)
+
+    def setup(self, master_addr: str, master_port: int | None) -> None:
+        D.init_process_group(self._rank, self._world_size, master_addr, master_port)
+        self.policy = PolicyModel(PolicyConfig.from_dict(self._cfg))
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's IP and a port free on it (rank 0 hosts the TCP store there)."""
+        ip = _node_ip()
+        return ip, D.find_free_port("0.0.0.0" if ip != "127.0.0.1" else ip)
 
     def ready(self) -> dict[str, Any]:
+        node_id = ""
+        with contextlib.suppress(Exception):  # outside Ray (single_process) there is no node
+            import ray
+
+            if ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
         return {
             "rank": self.policy.dist.rank,
             "pid": os.getpid(),
             "device": str(self.policy.device),
+            "backend": self.policy.dist.backend,
+            "node_id": node_id,
+            "node_ip": _node_ip(),
         }
 
     def train_step(self, batch: Batch) -> dict[str, float]:
@@ -110,6 +150,8 @@ class PolicyGroup:
         mode: str = "ray",
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float | None = None,
+        placement_strategy: str = "PACK",
+        placement_timeout_s: float = 600,
     ):
         self.cfg = PolicyConfig.from_dict(cfg)
         if mode not in ("ray", "single_process"):
@@ -122,6 +164,7 @@ class PolicyGroup:
         self.mode = mode
         self._local: PolicyWorker | None = None
         self._actors: list[Any] = []
+        self._pg: Any = None
         cfg_dict = self.cfg.to_dict()
         if mode == "single_process":
             self._local = PolicyWorker(cfg_dict)
@@ -134,15 +177,41 @@ class PolicyGroup:
             num_gpus_per_worker = (
                 1 if self.cfg.device in ("cuda", "auto") and _cluster_gpus() else 0
             )
-        port = D.find_free_port()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise MiaError(f"unknown placement strategy {placement_strategy!r}")
+        bundle = {"CPU": float(num_cpus_per_worker)}
+        if num_gpus_per_worker:
+            bundle["GPU"] = float(num_gpus_per_worker)
+        self._pg = placement_group([dict(bundle) for _ in range(world_size)], placement_strategy)
+        try:
+            ray.get(self._pg.ready(), timeout=placement_timeout_s)
+        except Exception:
+            ray.util.remove_placement_group(self._pg)
+            self._pg = None
+            raise MiaError(
+                f"Ray cannot place {world_size} policy workers of {bundle} "
+                f"({placement_strategy}) within {placement_timeout_s:g} s; cluster has "
+                f"{ray.cluster_resources()}"
+            ) from None
         actor_cls = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker)(
             PolicyWorker
         )
         threads = max(1, int(num_cpus_per_worker))
         self._actors = [
-            actor_cls.remote(cfg_dict, rank, world_size, port, "127.0.0.1", threads)
+            actor_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=rank
+                )
+            ).remote(cfg_dict, rank, world_size, None, "", threads, True)
             for rank in range(world_size)
         ]
+        # Rendezvous on rank 0's node: 127.0.0.1 would only reach ranks on the driver's node.
+        addr, port = ray.get(self._actors[0].rendezvous_address.remote())
+        self.master_addr = addr
+        ray.get([a.setup.remote(addr, port) for a in self._actors])
         self.workers_info = self._run("ready")
 
     @classmethod
@@ -150,7 +219,15 @@ class PolicyGroup:
         cls, policy: PolicyConfig | dict[str, Any], workers: WorkersConfig | dict[str, Any]
     ) -> PolicyGroup:
         w = workers if isinstance(workers, WorkersConfig) else WorkersConfig(**dict(workers))
-        return cls(policy, w.world_size, w.mode, w.num_cpus_per_worker, w.num_gpus_per_worker)
+        return cls(
+            policy,
+            w.world_size,
+            w.mode,
+            w.num_cpus_per_worker,
+            w.num_gpus_per_worker,
+            w.placement_strategy,
+            w.placement_timeout_s,
+        )
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -243,12 +320,27 @@ class PolicyGroup:
                 for a in self._actors:
                     ray.kill(a)
                 self._actors = []
+                if self._pg is not None:
+                    ray.util.remove_placement_group(self._pg)
+                    self._pg = None
 
     def __enter__(self) -> PolicyGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _node_ip() -> str:
+    """This process's node IP as Ray sees it (127.0.0.1 outside Ray)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except Exception:  # pragma: no cover - Ray not importable
+        pass
+    return "127.0.0.1"
 
 
 def _cluster_gpus() -> float:

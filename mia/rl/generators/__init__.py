@@ -80,12 +80,11 @@ def make_generator(
             max_batch_size=cfg.max_batch_size,
             batch_wait_ms=cfg.batch_wait_ms,
         )
-    from mia.rl.generators.vllm_gen import VLLMGenerator
-
     if not cfg.model_path or model is not None:
         raise GeneratorError("vllm generator: set model_path (a Hugging Face folder)")
-    return VLLMGenerator(
-        Path(cfg.model_path),
+    if cfg.placement not in ("driver", "ray"):
+        raise GeneratorError(f"generator.placement must be driver | ray, not {cfg.placement!r}")
+    common = dict(
         dtype=vllm_dtype(cfg.dtype),
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         max_model_len=cfg.max_model_len,
@@ -95,7 +94,18 @@ def make_generator(
         run_dir=cfg.run_dir or None,
         keep_weight_dirs=cfg.keep_weight_dirs,
         engine_kwargs={**cfg.engine_kwargs, **(engine_kwargs or {})},
+        weight_transfer=cfg.weight_transfer,
+        sleep_mode=cfg.sleep_mode,
     )
+    if cfg.placement == "ray":
+        from mia.rl.generators.ray_vllm import RayVLLMGenerator
+
+        return RayVLLMGenerator(
+            Path(cfg.model_path), num_cpus=cfg.ray_num_cpus, num_gpus=cfg.ray_num_gpus, **common
+        )
+    from mia.rl.generators.vllm_gen import VLLMGenerator
+
+    return VLLMGenerator(Path(cfg.model_path), **common)
 
 
 def vllm_dtype(choice: str) -> str:

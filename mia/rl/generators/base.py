@@ -99,6 +99,27 @@ class GeneratorConfig:
     engine_kwargs: dict[str, Any] = option(
         {}, "extra vllm.LLM arguments, e.g. {kv_cache_memory_bytes: 268435456}"
     )
+    placement: str = option(
+        "driver",
+        "vllm: driver (the engine in the trainer's process) | ray (a Ray actor with its own "
+        "resources, placed by a placement group; needs workers.mode=ray)",
+    )
+    ray_num_cpus: float = option(1, "vllm, placement=ray: CPUs reserved for the engine actor")
+    ray_num_gpus: float | None = option(
+        None,
+        "vllm, placement=ray: GPUs of the engine actor; null = tensor_parallel_size when the "
+        "cluster has GPUs, else 0",
+    )
+    weight_transfer: str = option(
+        "memory",
+        "vllm: memory (a gloo/NCCL weight channel into the engine's workers, no files; a "
+        "failed transfer falls back to disk) | disk (write an HF folder, reload it)",
+    )
+    sleep_mode: str = option(
+        "auto",
+        "vllm: auto (on GPU) | on | off -- free the engine's GPU memory while the policy "
+        "trains (sleep after rollouts, wake weights before the sync, then the KV cache)",
+    )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | GeneratorConfig) -> GeneratorConfig:

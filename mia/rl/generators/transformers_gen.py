@@ -82,6 +82,11 @@ class TransformersGenerator:
         return self._chat.tokenizer
 
     @property
+    def hf_config(self) -> Any:
+        """The model's Hugging Face config (TokenPolicy reads the vision settings from it)."""
+        return self.model.config
+
+    @property
     def tokenizer_lock(self) -> threading.Lock:
         return self._chat.tokenizer_lock
 
