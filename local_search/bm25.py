@@ -26,13 +26,15 @@ from .corpus import DocStore
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-# Every word, one character included: bm25s' default splitter (scikit-learn's ``\w\w+``) drops
-# "7" and "b", so the query "tower 7" could not find "tower 7". Kept here so the query side splits
-# exactly as the corpus was split; an index records the pattern and its TOKENIZER_VERSION.
-TOKEN_PATTERN = r"(?u)\b\w+\b"
-# Bumped whenever the corpus-side tokenisation changes; an index built with another version is
-# refused with a "rebuild" message instead of being queried with a mismatched splitter.
+# Corpus and queries split by one pattern, recorded in the index (``tokenizer_version``) so the
+# query side always splits as that corpus was split. 1: bm25s' default splitter (scikit-learn's
+# ``\w\w+``), which drops "7" and "b", so the query "tower 7" could not find "tower 7"; indexes
+# built before the version was recorded are 1. 2: every word, one character included (the
+# default for new indexes). Version 1 stays buildable so data made with it can be rebuilt
+# byte for byte (the shipped warm-start adapter's gold, mia.apps.warm_start).
+TOKEN_PATTERNS = {1: r"(?u)\b\w\w+\b", 2: r"(?u)\b\w+\b"}
 TOKENIZER_VERSION = 2
+TOKEN_PATTERN = TOKEN_PATTERNS[TOKENIZER_VERSION]
 STOPWORDS_FILE = "stopwords.json"
 TERM_MAX_FILE = "term_max.npy"
 
@@ -50,8 +52,13 @@ def build_bm25(out_dir: Path, cfg: Bm25Config, manifest: Manifest) -> None:
     import bm25s
     from bm25s.tokenization import Tokenized, Tokenizer
 
+    if cfg.tokenizer not in TOKEN_PATTERNS:
+        raise MiaError(
+            f"bm25.tokenizer must be one of {sorted(TOKEN_PATTERNS)}, got {cfg.tokenizer}"
+        )
+    pattern = TOKEN_PATTERNS[cfg.tokenizer]
     tokenizer = Tokenizer(
-        splitter=TOKEN_PATTERN, stopwords=cfg.stopwords or None, stemmer=_make_stemmer(cfg.stemmer)
+        splitter=pattern, stopwords=cfg.stopwords or None, stemmer=_make_stemmer(cfg.stemmer)
     )
     docs = DocStore(out_dir)
     try:
@@ -81,8 +88,8 @@ def build_bm25(out_dir: Path, cfg: Bm25Config, manifest: Manifest) -> None:
         "b": cfg.b,
         "variant": cfg.variant,
         "stemmer": cfg.stemmer,
-        "token_pattern": TOKEN_PATTERN,
-        "tokenizer_version": TOKENIZER_VERSION,
+        "token_pattern": pattern,
+        "tokenizer_version": cfg.tokenizer,
         "vocab_size": len(vocab),
         "postings_sorted": postings_sorted,  # enables the pruned exact top-k
     }
@@ -95,10 +102,16 @@ class QueryTokenizer:
     must not, so queries map straight through the index vocabulary (stem -> column id).
     """
 
-    def __init__(self, vocab: dict[str, int], stopwords: list[str], stemmer: str | None) -> None:
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        stopwords: list[str],
+        stemmer: str | None,
+        pattern: str = TOKEN_PATTERN,
+    ) -> None:
         self.vocab = vocab
         self.stopwords = frozenset(stopwords)
-        self.split = re.compile(TOKEN_PATTERN).findall
+        self.split = re.compile(pattern).findall
         self.stemmer = _make_stemmer(stemmer)
 
     def __call__(self, queries: list[str]) -> list[list[int]]:
@@ -111,16 +124,18 @@ class QueryTokenizer:
         return out
 
 
-def check_tokenizer(index_dir: Path, manifest: Manifest) -> None:
-    """Refuse an index tokenised differently from today's queries (it would miss terms silently)."""
+def check_tokenizer(index_dir: Path, manifest: Manifest) -> str:
+    """The pattern the index's corpus was split with (its queries are split the same way);
+    an unknown version, or a pattern that disagrees with its version, is refused."""
     version = manifest.params.get("tokenizer_version", 1)
-    if version != TOKENIZER_VERSION or manifest.params.get("token_pattern") != TOKEN_PATTERN:
+    pattern = TOKEN_PATTERNS.get(version)
+    recorded = manifest.params.get("token_pattern", pattern)
+    if pattern is None or recorded != pattern:
         raise MiaError(
-            f"index {index_dir} was built with BM25 tokenizer version {version} "
-            f"(pattern {manifest.params.get('token_pattern')!r}, which drops one-character "
-            f"words); this build needs version {TOKENIZER_VERSION}: rebuild it with "
-            "`python -m local_search build`"
+            f"index {index_dir} was built with an unknown BM25 tokenizer (version {version}, "
+            f"pattern {recorded!r}); rebuild it with `python -m local_search build`"
         )
+    return pattern
 
 
 class Bm25Retriever(Retriever):
@@ -128,7 +143,7 @@ class Bm25Retriever(Retriever):
         import bm25s
 
         super().__init__(index_dir, manifest)
-        check_tokenizer(index_dir, manifest)
+        pattern = check_tokenizer(index_dir, manifest)
         self.model = bm25s.BM25.load(index_dir, mmap=True, load_vocab=True)
         self.num_docs = int(self.model.scores["num_docs"])
         if self.num_docs != manifest.num_docs:
@@ -145,7 +160,7 @@ class Bm25Retriever(Retriever):
         )
         stopwords = json.loads((index_dir / STOPWORDS_FILE).read_text())
         self.tokenize = QueryTokenizer(
-            self.model.vocab_dict, stopwords, manifest.params.get("stemmer")
+            self.model.vocab_dict, stopwords, manifest.params.get("stemmer"), pattern
         )
 
     def _search_rows(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:

@@ -24,6 +24,11 @@ class Bm25Config:
     variant: str = option("lucene", "bm25s scoring variant: lucene | robertson | atire")
     stopwords: str | None = option("en", "bm25s stopword list; null = none")
     stemmer: str | None = option("english", "PyStemmer algorithm; null = no stemming")
+    tokenizer: int = option(
+        2,
+        "2 = every word is a term; 1 = words of 2+ characters (bm25s' default; drops '7' in "
+        "'tower 7'), kept to rebuild data made with it",
+    )
 
 
 @dataclass

@@ -211,14 +211,34 @@ def test_one_character_tokens_are_indexed_and_queried(tmp_path: Path) -> None:
     assert hits[0][0].score > hits[0][1].score
 
 
-def test_index_built_with_the_old_tokenizer_is_refused(bm25_dir: Path, tmp_path: Path) -> None:
-    d = _copy_index(bm25_dir, tmp_path / "idx")
+def test_an_index_is_queried_with_its_own_tokenizer(corpus: Path, tmp_path: Path) -> None:
+    """Version 1 (words of 2+ characters, bm25s' default) stays buildable and is queried with
+    its own splitter; an index whose pattern disagrees with its version is refused."""
+    from local_search import BuildConfig
+    from local_search.config import Bm25Config
+
+    cfg = BuildConfig(bm25=Bm25Config(tokenizer=1))
+    old = build_index(corpus, tmp_path / "v1", "bm25", config=cfg)
+    assert old.params["tokenizer_version"] == 1
+    assert old.params["token_pattern"] == r"(?u)\b\w\w+\b"
+    with open_index(tmp_path / "v1") as r:
+        assert (
+            r.tokenize(["tower 7 b"]) == r.tokenize(["tower"]) != [[]]
+        )  # one-character words dropped
+    d = _copy_index(tmp_path / "v1", tmp_path / "legacy")
     raw = json.loads((d / "index.json").read_text())
-    raw["params"]["token_pattern"] = r"(?u)\b\w\w+\b"
-    del raw["params"]["tokenizer_version"]  # indexes before version 2 did not record one
+    del raw["params"]["tokenizer_version"]  # indexes before the version was recorded
     (d / "index.json").write_text(json.dumps(raw))
-    with pytest.raises(MiaError, match=r"tokenizer version 1 .* rebuild it with"):
+    with open_index(d) as r:
+        assert r.tokenize(["tower 7"]) == r.tokenize(["tower"])
+    raw["params"]["tokenizer_version"] = 2  # v2 with v1's pattern: inconsistent
+    (d / "index.json").write_text(json.dumps(raw))
+    with pytest.raises(MiaError, match=r"unknown BM25 tokenizer .* rebuild it with"):
         open_index(d)
+    with pytest.raises(MiaError, match="bm25.tokenizer must be one of"):
+        build_index(
+            corpus, tmp_path / "v3", "bm25", config=BuildConfig(bm25=Bm25Config(tokenizer=3))
+        )
 
 
 def test_scores_match_bm25s_own_retriever(bm25) -> None:  # type: ignore[no-untyped-def]

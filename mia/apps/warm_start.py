@@ -93,6 +93,12 @@ class GoldWorldConfig:
             "help": "how much the Executor's reasoning says: full | concise | terse (docs/gold.md)"
         },
     )
+    search_tokenizer: int = field(
+        default=2,
+        metadata={
+            "help": "BM25 tokenizer of the replay's index (local_search bm25.tokenizer): 2 = every word; 1 = words of 2+ characters, what the shipped Executor adapter's gold was made with"
+        },
+    )
     # Planner recipes: also plan chats WITH retrieved memories (mia.apps.planner_gold), the
     # data that teaches the Planner to derive its plan from memory.
     planner_memory: bool = field(
@@ -280,7 +286,8 @@ def _build_gold(cfg: GoldWorldConfig, root: Path, emit: Log) -> list[dict[str, A
 def _build_world_gold(
     cfg: GoldWorldConfig, seed: int, root: Path, emit: Log
 ) -> list[dict[str, Any]]:
-    from local_search import build_index, open_index
+    from local_search import BuildConfig, build_index, open_index
+    from local_search.config import Bm25Config
     from mia.agent import AgentConfig
     from mia.apps.gold import generate_gold, gets_plan
     from mia.data.world import World
@@ -313,7 +320,12 @@ def _build_world_gold(
         )
         t0 = time.monotonic()
         with _quiet_stderr():
-            build_index(corpus, Path(tmp) / "index", "bm25")
+            build_index(
+                corpus,
+                Path(tmp) / "index",
+                "bm25",
+                config=BuildConfig(bm25=Bm25Config(tokenizer=cfg.search_tokenizer)),
+            )
         emit(f"gold: BM25 index built ({time.monotonic() - t0:.1f} s)")
         rows: list[dict[str, Any]] = []
         with contextlib.closing(open_index(Path(tmp) / "index")) as retriever:
