@@ -526,19 +526,26 @@ class Proxy:
         answer = _StreamAnswer()
 
         async def relay() -> AsyncIterator[bytes]:
+            # One chunk behind the upstream: the last chunk (the stream's end) goes out only
+            # after the turn is recorded, so feedback sent right after [DONE] finds the task.
             complete = False
+            pending: bytes | None = None
             try:
                 async for chunk in resp.aiter_raw():
                     answer.feed(chunk)
-                    yield chunk
+                    if pending is not None:
+                        yield pending
+                    pending = chunk
                 complete = True
             finally:
                 await resp.aclose()
                 answer.close()
-                if complete and task is not None:
-                    await self._add_turn(
-                        task, messages, first_user, answer.message(), answer.completion_id
-                    )
+            if complete and task is not None:
+                await self._add_turn(
+                    task, messages, first_user, answer.message(), answer.completion_id
+                )
+            if pending is not None:
+                yield pending
 
         return StreamingResponse(
             relay(),

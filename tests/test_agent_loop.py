@@ -669,5 +669,5 @@ def test_token_policy_replan_trims_tokens_at_answer(tiny: Any) -> None:
 def test_token_policy_refuses_images(tiny: Any) -> None:
     _, _, chat = tiny
     loop = ExecutorLoop(TokenPolicy(chat), [], AgentConfig())
-    with pytest.raises(MiaError, match="multimodal token mode is not implemented"):
+    with pytest.raises(MiaError, match="this engine.s model takes no images"):
         run(loop.run({"question": "q", "images": [_png((0, 0, 0))]}))
