@@ -43,6 +43,7 @@ class FakeOpenAI:
         self.headers: list[dict[str, str]] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.generation = 0  # requests of an earlier test (a timed-out client's) are not counted
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._handle)
 
@@ -52,17 +53,20 @@ class FakeOpenAI:
         self.bodies.clear()
         self.headers.clear()
         self.in_flight = self.max_in_flight = 0
+        self.generation += 1
 
     async def _handle(self, request: Request) -> Response:
         self.bodies.append(await request.json())
         self.headers.append(dict(request.headers))
         action = self.script.pop(0) if self.script else self.default
+        generation = self.generation
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             return await self._act(action)
         finally:
-            self.in_flight -= 1
+            if generation == self.generation:
+                self.in_flight -= 1
 
     async def _act(self, action: tuple[Any, ...]) -> Response:
         kind = action[0]
