@@ -149,6 +149,10 @@ def test_demo_ctrl_c_stops_every_service(tiny_model: Path, home: Path, tmp_path:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A suite started in the background of a non-interactive shell ignores SIGINT, and a
+        # child inherits that (Python then installs no KeyboardInterrupt handler): give the
+        # demo the default disposition, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     services_json = out / "services" / "services.json"
     deadline = time.monotonic() + 300
