@@ -27,29 +27,10 @@ from typing import Any
 
 import numpy as np
 
+# One bootstrap for the demo, the efficacy bench and this script (mia.eval.stats).
+from mia.eval.stats import bootstrap_ci, paired_bootstrap_ci  # noqa: E402,F401
+
 TYPES = ("single_hop", "bridge", "comparison", "image")
-
-
-def bootstrap_ci(
-    values: Sequence[float], *, n_boot: int = 10_000, alpha: float = 0.05, seed: int = 0
-) -> tuple[float, float, float]:
-    """``(mean, low, high)``: the mean and its percentile bootstrap interval (1 - alpha)."""
-    x = np.asarray(list(values), dtype=float)
-    if x.size == 0:
-        return (float("nan"), float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return (float(x.mean()), float(lo), float(hi))
-
-
-def paired_bootstrap_ci(
-    a: Sequence[float], b: Sequence[float], **kwargs: Any
-) -> tuple[float, float, float]:
-    """Mean of ``a - b`` over the same questions (paired) with its bootstrap interval."""
-    if len(a) != len(b):
-        raise ValueError(f"paired bootstrap needs equal lengths, got {len(a)} and {len(b)}")
-    return bootstrap_ci([float(x) - float(y) for x, y in zip(a, b, strict=True)], **kwargs)
 
 
 def em(row: Mapping[str, Any]) -> float:
