@@ -492,3 +492,36 @@ def test_web_search_client_picks_the_engine(gateway: Gateway):
         ]  # fmt: skip
     ]
     assert [c[0] for c in ddgs.calls] == ["text"]
+
+
+def test_web_search_client_image_search_and_web_scrape(gateway: Gateway, web: tuple[FakeWeb, str]):
+    """The typed client methods return the envelope's ``result``; errors keep their code."""
+    import asyncio
+
+    from mia.services.web import ImageSearchResult, ScrapeResult, WebSearchClient, WebSearchError
+
+    ddgs = FakeDdgs()
+    ddgs.image_base = web[1]
+    base = str(gateway(ddgs=ddgs, key=None, image_size=32).base_url)
+    page = f"{web[1]}/article.html"
+
+    async def run() -> tuple[ImageSearchResult, ScrapeResult, ScrapeResult, WebSearchError]:
+        async with WebSearchClient(base) as wsc:
+            images = await wsc.image_search("flags", max_results=3, engine="ddgs")
+            scraped = await wsc.web_scrape(page, goal="bridges")
+            replay = await wsc.web_scrape(page, deterministic=True)
+            try:
+                await wsc.web_scrape("ftp://127.0.0.1/x")
+            except WebSearchError as err:
+                return images, scraped, replay, err
+            raise AssertionError("a ftp:// URL was accepted")
+
+    images, scraped, replay, err = asyncio.run(run())
+    assert (images.text, images.engine, images.query) == ("Blue flags\nRed flags", "ddgs", "flags")
+    assert [decode(i).size for i in images.images] == [(32, 32), (32, 32)]
+    assert (images.stat.found, images.stat.returned) == (3, 2)
+    assert (scraped.success, scraped.title, scraped.goal) == (True, "The River Seine", "bridges")
+    assert scraped.markdown_content == ARTICLE_MARKDOWN == replay.markdown_content
+    assert web[0].hits["/article.html"] == 1  # the replay came from the cache
+    assert (err.status, err.code) == (422, "invalid_request")
+    assert err.message == "url must be http:// or https://, not 'ftp'"

@@ -280,6 +280,36 @@ class WebSearchClient:
             out += [entry["results"] for entry in body["queries"]]
         return out
 
+    async def image_search(
+        self,
+        query: str,
+        max_results: int = DEFAULT_IMAGE_RESULTS,
+        engine: Engine | None = None,
+        deterministic: bool = False,
+    ) -> ImageSearchResult:
+        """``GET /image_search``: the images (base64 JPEG) with their titles and pages.
+        ``deterministic`` answers from the cache only (a miss is an error)."""
+        params: dict[str, Any] = {"q": query, "max_results": max_results}
+        if engine is not None:
+            params["engine"] = engine
+        if deterministic:
+            params["deterministic"] = "true"
+        body = await self._request("GET", "/image_search", params=params)
+        return Envelope[ImageSearchResult].model_validate(body).result
+
+    async def web_scrape(
+        self, url: str, goal: str | None = None, deterministic: bool = False
+    ) -> ScrapeResult:
+        """``GET /web_scrape``: the page's main content as Markdown (``success`` false when the
+        page had no extractable text)."""
+        params: dict[str, Any] = {"url": url}
+        if goal is not None:
+            params["goal"] = goal
+        if deterministic:
+            params["deterministic"] = "true"
+        body = await self._request("GET", "/web_scrape", params=params)
+        return Envelope[ScrapeResult].model_validate(body).result
+
     async def health(self) -> dict[str, Any]:
         try:
             resp = await self._http.get("/health")
@@ -288,8 +318,11 @@ class WebSearchClient:
         return resp.json()
 
     async def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return await self._request("POST", "/search", json=payload)
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
-            resp = await self._http.post("/search", json=payload)
+            resp = await self._http.request(method, path, **kwargs)
         except httpx.HTTPError as err:
             raise WebSearchError(
                 0, "unreachable", f"{self._http.base_url}: {type(err).__name__}: {err}"
