@@ -367,6 +367,7 @@ def test_config_defaults_mirror_embedded_yaml() -> None:
         ({"roles": {"judge": {"backend": "openai"}}}, "needs base_url"),
         ({"roles": {"judge": {"backend": "local", "temprature": 0}}}, "unknown key"),
         ({"roles": {"judge": {"sampling": {"temp": 0}}}}, "unknown sampling key"),
+        ({"roles": {"judge": {"prefix_cache_mb": -1}}}, "prefix_cache_mb must be >= 0"),
         ({"common": {}}, "no roles defined"),
         ({"rolez": {}}, "unknown section"),
     ],
@@ -453,6 +454,64 @@ def test_local_concurrent_calls_are_batched_and_equal_sequential(local: Any) -> 
     for c, s in zip(concurrent, sequential, strict=True):
         assert max(abs(x - y) for x, y in zip(c.logprobs, s.logprobs, strict=True)) < 1e-4
     assert len({r.text for r in sequential}) > 1  # the prompts really differ
+
+
+def test_local_prefix_cache_reuses_turns_and_equals_a_full_prefill(
+    tiny: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """A shared system prompt and an agent's earlier turns are not computed again, and the replies
+    equal those of the same model without the cache (greedy tokens, logprobs to float rounding),
+    for rows of different cached lengths in one batch; loading weights in place empties it."""
+    from mia.llm.local_backend import LocalChat
+    from mia.models.tiny import save_tiny
+
+    model, tok = tiny
+    folder = save_tiny(model, tok, tmp_path / "tiny")
+    plain = LocalChat(folder, dtype="float32", batch_wait_ms=50)
+    cached = LocalChat(folder, dtype="float32", batch_wait_ms=50, prefix_cache_mb=64)
+    system = {"role": "system", "content": "You answer questions by searching. " * 8}
+    p = SamplingParams(max_tokens=10)
+
+    def turn2(first: list[dict[str, str]], reply: str) -> list[dict[str, str]]:
+        return first + [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Doc 1: the river flows through the capital."},
+        ]
+
+    async def conversation(chat: Any, i: int) -> list[Any]:
+        first = [system, {"role": "user", "content": f"question {i}: where is the river?"}]
+        a = await chat.chat(first, p)
+        b = await chat.chat(turn2(first, a.text), p)
+        return [a, b]
+
+    async def all_of(chat: Any, staggered: bool) -> list[list[Any]]:
+        if not staggered:
+            return list(await asyncio.gather(*(conversation(chat, i) for i in range(4))))
+        # Conversations 0-1 run first, so 2-3 meet a cache holding other rows' prefixes while
+        # their own first turns are not cached yet: one batch mixes cached lengths.
+        done = list(await asyncio.gather(*(conversation(chat, i) for i in range(2))))
+        return done + list(await asyncio.gather(*(conversation(chat, i) for i in range(2, 4))))
+
+    want = run(all_of(plain, staggered=False))
+    got = run(all_of(cached, staggered=True))
+    for w_conv, g_conv in zip(want, got, strict=True):
+        for w, g in zip(w_conv, g_conv, strict=True):
+            assert (g.text, g.token_ids, g.prompt_tokens) == (w.text, w.token_ids, w.prompt_tokens)
+            assert max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4
+    stats = cached.stats
+    total = sum(r.prompt_tokens for conv in got for r in conv)
+    assert stats["prompt_tokens"] == total
+    # Only the first batch (conversations 0-1, turn 1) finds nothing; turns 1 of 2-3 reuse the
+    # system prompt and every second turn reuses its first turn (prompt and reply): 503 of the
+    # 845 prompt tokens here.
+    assert stats["prefix_hits"] == 6
+    assert stats["prefix_tokens"] > 0.5 * total, (stats, total)
+    assert "prefix_hits" not in plain.stats  # off by default
+    with cached.exclusive():  # new weights in place: the cached KV is stale
+        pass
+    assert len(cached._engine.prefix) == 0
+    # A model passed in may be trained under us: no cache even when asked for.
+    assert LocalChat(model=model, tokenizer=tok, prefix_cache_mb=64)._engine.prefix is None
 
 
 def test_local_stop_string_cuts_text(local: Any) -> None:

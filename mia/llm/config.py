@@ -81,6 +81,11 @@ class LLMConfig:
     batch_wait_ms: float = option(
         5.0, "local: how long the worker waits for more requests before decoding"
     )
+    prefix_cache_mb: float = option(
+        0.0,
+        "local: MiB of KV kept from recent prompts and replies; a new prompt starts after its "
+        "longest common prefix with them (an agent's system prompt and earlier turns); 0 = off",
+    )
     replies: list[str] | None = option(None, "scripted: the replies, in order")
 
     @classmethod
@@ -96,6 +101,8 @@ class LLMConfig:
             raise MiaError(f"{where}: the local backend needs model_path (or 'embedded')")
         if self.backend == "scripted" and self.replies is None:
             raise MiaError(f"{where}: the scripted backend needs replies")
+        if self.prefix_cache_mb < 0:
+            raise MiaError(f"{where}: prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         sampling_fields = {f.name for f in dataclasses.fields(SamplingParams)}
         bad = sorted(set(self.sampling) - sampling_fields)
         if bad:
@@ -139,7 +146,10 @@ def _shared_local(cfg: LLMConfig) -> Any:
     from mia.llm.local_backend import LocalChat
 
     path = resolve_model_path(str(cfg.model_path)).resolve()
-    key = (str(path), cfg.device, cfg.dtype, cfg.max_batch_size, cfg.batch_wait_ms)
+    key = (
+        str(path), cfg.device, cfg.dtype, cfg.max_batch_size, cfg.batch_wait_ms,
+        cfg.prefix_cache_mb,
+    )  # fmt: skip
     with _LOCAL_LOCK:  # two roles resolving at once must not load the model twice
         chat = _LOCAL_CACHE.get(key)
         if chat is None:
@@ -149,6 +159,7 @@ def _shared_local(cfg: LLMConfig) -> Any:
                 dtype=cfg.dtype,
                 max_batch_size=cfg.max_batch_size,
                 batch_wait_ms=cfg.batch_wait_ms,
+                prefix_cache_mb=cfg.prefix_cache_mb,
             )
             _LOCAL_CACHE[key] = chat
     return chat

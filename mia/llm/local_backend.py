@@ -7,6 +7,14 @@ own sampling settings, its own stop strings and max_tokens, and the exact per-to
 the model's raw distribution (what vLLM reports by default and what GRPO needs), without keeping
 ``steps x vocab`` logits in memory.
 
+With ``prefix_cache_mb`` > 0 (models loaded from a folder only: a model passed in may change
+under us), the worker keeps the KV of recent prompts and replies and starts a new prompt after
+its longest common prefix with any of them, as vLLM's automatic prefix caching does: an agent's
+fixed system prompt and its earlier turns are not computed again. Rows with different cached
+lengths are left-padded in the past and in the new part alike; positions count real tokens, so
+the logits are those of a full prefill up to float rounding. Loading weights in place
+(:meth:`LocalChat.exclusive`) empties the cache.
+
 Sampling is per request: temperature 0 is greedy; otherwise temperature + top-p with a private
 ``torch.Generator`` seeded from ``params.seed`` (so a seeded request gives the same reply whether
 it ran alone or in a batch). ``presence_penalty`` works as in vLLM (subtracted once from every
@@ -60,6 +68,65 @@ class _Output:
     finish_reason: str
 
 
+MIN_PREFIX = 16  # shorter common prefixes are computed again: not worth a cache copy
+
+
+class PrefixCache:
+    """LRU store of ``token ids -> per-layer (keys, values)`` ([heads, tokens, dim] each), at most
+    ``max_bytes``. Used by the batching worker thread only (no locking)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: dict[int, tuple[Any, list[tuple[Any, Any]], int]] = {}  # LRU order
+        self._next = 0
+        self.hits = 0  # prompts that reused a prefix
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def lookup(self, ids: Any, torch: Any) -> tuple[int, list[tuple[Any, Any]] | None]:
+        """The longest common prefix of ``ids`` (a 1-D long tensor) with a stored sequence,
+        capped so that one token is left to compute; (0, None) below ``MIN_PREFIX``."""
+        best, best_key = 0, None
+        for key, (tokens, _, _) in self._entries.items():
+            n = min(len(tokens), len(ids) - 1)
+            if n <= best:
+                continue
+            same = tokens[:n] == ids[:n]
+            k = n if bool(same.all()) else int(torch.argmin(same.int()))
+            if k > best:
+                best, best_key = k, key
+        if best < MIN_PREFIX or best_key is None:
+            return 0, None
+        entry = self._entries.pop(best_key)
+        self._entries[best_key] = entry  # most recently used
+        self.hits += 1
+        self.reused_tokens += best
+        return best, [(k[:, :best], v[:, :best]) for k, v in entry[1]]
+
+    def store(self, ids: Any, kv: list[tuple[Any, Any]]) -> None:
+        size = sum(k.numel() * k.element_size() * 2 for k, _ in kv)
+        if size > self.max_bytes or len(ids) < MIN_PREFIX:
+            return
+        for key, (tokens, _, nbytes) in list(self._entries.items()):
+            # A stored sequence that the new one extends adds nothing: drop it.
+            if len(tokens) <= len(ids) and bool((tokens == ids[: len(tokens)]).all()):
+                del self._entries[key]
+                self.bytes -= nbytes
+        while self._entries and self.bytes + size > self.max_bytes:
+            _, (_, _, nbytes) = self._entries.pop(next(iter(self._entries)))
+            self.bytes -= nbytes
+        self._entries[self._next] = (ids, kv, size)
+        self._next += 1
+        self.bytes += size
+
+
 class _Engine:
     """The loaded model + tokenizer and the batching worker; shared by every role view."""
 
@@ -72,6 +139,7 @@ class _Engine:
         device: str,
         max_batch_size: int,
         batch_wait_ms: float,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         import torch
 
@@ -99,6 +167,8 @@ class _Engine:
         self.batches = 0
         self.requests = 0
         self.max_batch_seen = 0
+        self.prompt_tokens = 0
+        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
 
     # ---- prompt side (caller's thread) ----
     def encode_chat(self, messages: list[Message], template_kwargs: dict[str, Any]) -> list[int]:
@@ -235,20 +305,32 @@ class _Engine:
     def _decode(self, reqs: list[_Request], torch: Any) -> list[_Output]:
         n = len(reqs)
         dev = self.device
-        width = max(len(r.prompt_ids) for r in reqs)
+        prompts = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in reqs]
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        # Cached prefixes (text rows only): row i computes only its last len - past[i] tokens.
+        use_prefix = self.prefix is not None and not any(r.multimodal for r in reqs)
+        found = [self.prefix.lookup(p, torch) for p in prompts] if use_prefix else []  # type: ignore[union-attr]
+        past = [k for k, _ in found] or [0] * n
+        width_past = max(past)
+        width = max(len(p) - k for p, k in zip(prompts, past, strict=True))
         input_ids = torch.full((n, width), self.pad_id, dtype=torch.long, device=dev)
-        attn = torch.zeros((n, width), dtype=torch.long, device=dev)
+        attn = torch.zeros((n, width_past + width), dtype=torch.long, device=dev)
+        pos = torch.zeros((n, width), dtype=torch.long, device=dev)
         budgets: list[int] = []
         for i, r in enumerate(reqs):
-            ids = r.prompt_ids
-            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attn[i, width - len(ids) :] = 1
-            room = self.max_positions - len(ids) if self.max_positions else r.params.max_tokens
+            new = prompts[i][past[i] :]
+            input_ids[i, width - len(new) :] = new
+            attn[i, width_past - past[i] : width_past] = 1
+            attn[i, width_past + width - len(new) :] = 1
+            # Left padding: positions count real tokens only, so a padded row sees the same
+            # positions (and therefore the same logits) as when it runs alone.
+            pos[i, width - len(new) :] = torch.arange(past[i], len(prompts[i]))
+            room = (
+                self.max_positions - len(prompts[i]) if self.max_positions else r.params.max_tokens
+            )
             budgets.append(max(1, min(r.params.max_tokens, room)))
-        # Left padding: positions count real tokens only, so a padded row sees the same
-        # positions (and therefore the same logits) as when it runs alone.
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        vision, pos = self._vision_prefill(reqs, input_ids, attn, pos, torch)
+        cache = self._past_cache(found, width_past, torch) if width_past else None
+        vision, pos = self._vision_prefill(reqs, input_ids, attn[:, width_past:], pos, torch)
         gens: list[torch.Generator | None] = []
         for r in reqs:
             if r.params.temperature > 0:
@@ -260,8 +342,8 @@ class _Engine:
         seen = None
 
         out = self.model(
-            input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-            logits_to_keep=1, **vision,
+            input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+            use_cache=True, logits_to_keep=1, **vision,
         )  # fmt: skip
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()
@@ -306,6 +388,8 @@ class _Engine:
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
 
+        if use_prefix:
+            self._store_prefixes(prompts, past, tokens, cache, width_past + width, torch)
         results = []
         for i, r in enumerate(reqs):
             ids = tokens[i]
@@ -323,6 +407,52 @@ class _Engine:
                 )
             )
         return results
+
+    def _past_cache(
+        self, found: list[tuple[int, list[tuple[Any, Any]] | None]], width: int, torch: Any
+    ) -> Any:
+        """One batch cache from the rows' cached prefixes, each left-padded to ``width``."""
+        from transformers import DynamicCache
+
+        ref = next(kv for _, kv in found if kv is not None)
+        layers = []
+        for layer, (k0, v0) in enumerate(ref):
+            heads, _, dim = k0.shape
+            keys = k0.new_zeros((len(found), heads, width, dim))
+            values = v0.new_zeros((len(found), heads, width, dim))
+            for i, (n, kv) in enumerate(found):
+                if kv is not None:
+                    keys[i, :, width - n :] = kv[layer][0]
+                    values[i, :, width - n :] = kv[layer][1]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _store_prefixes(
+        self,
+        prompts: list[Any],
+        past: list[int],
+        tokens: list[list[int]],
+        cache: Any,
+        prefill_width: int,
+        torch: Any,
+    ) -> None:
+        """Keep each row's prompt + reply KV (the last sampled token was never fed)."""
+        assert self.prefix is not None
+        width_past = prefill_width - max(len(p) - k for p, k in zip(prompts, past, strict=True))
+        for i, prompt in enumerate(prompts):
+            fed = max(0, len(tokens[i]) - 1)
+            cols = torch.cat(
+                [
+                    torch.arange(width_past - past[i], width_past),
+                    torch.arange(prefill_width - (len(prompt) - past[i]), prefill_width + fed),
+                ]
+            )
+            kv = [
+                (layer.keys[i, :, cols], layer.values[i, :, cols])  # indexing copies
+                for layer in cache.layers
+            ]
+            ids = torch.cat([prompt, torch.tensor(tokens[i][:fed], dtype=torch.long)])
+            self.prefix.store(ids, kv)
 
     def _vision_prefill(
         self, reqs: list[_Request], input_ids: Any, attn: Any, pos: Any, torch: Any
@@ -455,6 +585,7 @@ class LocalChat:
         dtype: str = "auto",
         max_batch_size: int = 8,
         batch_wait_ms: float = 5.0,
+        prefix_cache_mb: float = 0.0,
         chat_template_kwargs: dict[str, Any] | None = None,
         strip_think: bool = False,
         defaults: SamplingParams | None = None,
@@ -478,6 +609,8 @@ class LocalChat:
             device=device,
             max_batch_size=max_batch_size,
             batch_wait_ms=batch_wait_ms,
+            # A model passed in may be trained under us: its cached prefixes would go stale.
+            prefix_cache_mb=prefix_cache_mb if model_path is not None else 0.0,
         )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.strip_think = strip_think
@@ -494,7 +627,12 @@ class LocalChat:
     @property
     def stats(self) -> dict[str, int]:
         e = self._engine
-        return {"batches": e.batches, "requests": e.requests, "max_batch": e.max_batch_seen}
+        out = {"batches": e.batches, "requests": e.requests, "max_batch": e.max_batch_seen}
+        out["prompt_tokens"] = e.prompt_tokens
+        if e.prefix is not None:
+            out["prefix_hits"] = e.prefix.hits
+            out["prefix_tokens"] = e.prefix.reused_tokens  # prompt tokens not computed again
+        return out
 
     def with_options(
         self,
@@ -588,7 +726,11 @@ class LocalChat:
         """Hold the model while no batch decodes (e.g. to load new weights in place); the next
         batch waits until the block ends."""
         with self._engine.busy:
-            yield
+            try:
+                yield
+            finally:
+                if self._engine.prefix is not None:  # cached KV belongs to the old weights
+                    self._engine.prefix.clear()
 
     async def aclose(self) -> None:
         # The worker restarts on the next call, so closing one role's view is harmless to others.
