@@ -289,12 +289,8 @@ class WebSearchClient:
     ) -> ImageSearchResult:
         """``GET /image_search``: the images (base64 JPEG) with their titles and pages.
         ``deterministic`` answers from the cache only (a miss is an error)."""
-        params: dict[str, Any] = {"q": query, "max_results": max_results}
-        if engine is not None:
-            params["engine"] = engine
-        if deterministic:
-            params["deterministic"] = "true"
-        body = await self._request("GET", "/image_search", params=params)
+        params = {"q": query, "max_results": max_results, "engine": engine}
+        body = await self._get("/image_search", params, deterministic)
         return Envelope[ImageSearchResult].model_validate(body).result
 
     async def web_scrape(
@@ -302,13 +298,14 @@ class WebSearchClient:
     ) -> ScrapeResult:
         """``GET /web_scrape``: the page's main content as Markdown (``success`` false when the
         page had no extractable text)."""
-        params: dict[str, Any] = {"url": url}
-        if goal is not None:
-            params["goal"] = goal
-        if deterministic:
-            params["deterministic"] = "true"
-        body = await self._request("GET", "/web_scrape", params=params)
+        body = await self._get("/web_scrape", {"url": url, "goal": goal}, deterministic)
         return Envelope[ScrapeResult].model_validate(body).result
+
+    async def _get(self, path: str, params: dict[str, Any], deterministic: bool) -> dict[str, Any]:
+        query = {k: v for k, v in params.items() if v is not None}
+        if deterministic:
+            query["deterministic"] = "true"
+        return await self._request("GET", path, params=query)
 
     async def health(self) -> dict[str, Any]:
         try:
