@@ -54,3 +54,29 @@ def test_convention_targets_follow_the_memories(rows: list[dict]) -> None:
         readings_seen.setdefault(r["question"].split(" ")[0:3][0], set()).add(fact)
     # the same wording is trained toward more than one reading: only the memories tell which
     assert any(len(v) > 1 for v in readings_seen.values())
+
+
+def test_a_target_without_a_gold_plan_is_skipped(rows: list[dict], tmp_path, monkeypatch) -> None:
+    """A question whose supporting passage no query finds (world 7 of the Planner recipe has one)
+    has no gold plan: its memory chat is left out, the others are still written."""
+    from local_search import build_index, open_index
+    from mia.apps import gold
+
+    world = World.generate(0, "small")
+    world.write(tmp_path / "w")
+    build_index(tmp_path / "w" / "corpus.jsonl", tmp_path / "idx", "bm25")
+    real = gold.GoldWriter.plan
+    skipped: list[str] = []
+
+    def plan(self, q):  # every bridge question is "uncoverable"
+        if q.type == "bridge":
+            skipped.append(q.id)
+            raise gold.GoldSkip("passage 1 is not in the top 3 for any query variant")
+        return real(self, q)
+
+    monkeypatch.setattr(gold.GoldWriter, "plan", plan)
+    with contextlib.closing(open_index(tmp_path / "idx")) as retriever:
+        kept = planner_memory_examples(world, retriever, style="concise", seed=1)
+    assert skipped and kept
+    assert not {r["id"].split("#", 1)[0] for r in kept} & set(skipped)
+    assert {r["type"] for r in kept} == {r["type"] for r in rows} - {"bridge"}

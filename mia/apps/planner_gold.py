@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mia.apps.gold import GoldExample, GoldWriter, fact_phrase, generate_gold
+from mia.apps.gold import GoldExample, GoldSkip, GoldWriter, fact_phrase, generate_gold
 from mia.data.world import World
 from mia.data.world_questions import CONVENTIONS, Facts, Question
 from mia.planner.prompts import memory_context, plan_messages
@@ -188,7 +188,10 @@ def planner_memory_examples(
             if others:
                 pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(others), True))
         neg_mem = [_memory(ex, False) for ex in neg]
-        plan = writer.plan(target)
+        try:
+            plan = writer.plan(target)
+        except GoldSkip:  # no query finds a supporting passage: the gold has no plan for it
+            continue
         rows.append(
             {
                 "id": f"{q.id}#memory{draw}",
