@@ -514,6 +514,38 @@ def test_local_prefix_cache_reuses_turns_and_equals_a_full_prefill(
     assert LocalChat(model=model, tokenizer=tok, prefix_cache_mb=64)._engine.prefix is None
 
 
+def test_prefix_cache_lru_budget_and_subsumption() -> None:
+    """The store keeps at most max_bytes (least recently used out first), drops a sequence that
+    a newer one extends, and leaves at least one token of a prompt to compute."""
+    import torch
+
+    from mia.llm.local_backend import MIN_PREFIX, PrefixCache
+
+    def seq(start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n)
+
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:  # 2 layers, 1 head, dim 4
+        return [(torch.full((1, n, 4), float(layer)), torch.zeros(1, n, 4)) for layer in (0, 1)]
+
+    per_token = 2 * 2 * 4 * 4  # layers x (keys, values) x dim x float32 bytes
+    cache = PrefixCache(max_bytes=100 * per_token)
+    a, b, c = seq(0, 40), seq(1000, 40), seq(2000, 40)
+    cache.store(a, kv(40))
+    cache.store(b, kv(40))
+    assert (len(cache), cache.bytes) == (2, 80 * per_token)
+    n, hit = cache.lookup(torch.cat([a[:30], seq(5000, 5)]), torch)  # a is now the most recent
+    assert n == 30 and hit is not None and hit[1][0].shape == (1, 30, 4)
+    cache.store(c, kv(40))  # 120 tokens > 100: b, the least recently used, goes
+    assert (len(cache), cache.bytes) == (2, 80 * per_token)
+    assert cache.lookup(b, torch) == (0, None)
+    assert cache.lookup(a, torch)[0] == 39  # the whole of a but its last token
+    cache.store(torch.cat([a, seq(7000, 10)]), kv(50))  # extends a: a is dropped
+    assert (len(cache), cache.bytes) == (2, 90 * per_token)
+    assert cache.lookup(a[: MIN_PREFIX - 1], torch) == (0, None)  # too short to be worth it
+    cache.store(seq(0, 200), kv(200))  # larger than the whole budget: not stored
+    assert len(cache) == 2 and (cache.hits, cache.reused_tokens) == (2, 69)
+
+
 def test_local_stop_string_cuts_text(local: Any) -> None:
     free = run(local.chat(prompts(1)[0], SamplingParams(max_tokens=16)))
     assert free.finish_reason == "length" and len(free.token_ids) == 16

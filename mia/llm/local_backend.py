@@ -120,7 +120,7 @@ class PrefixCache:
                 del self._entries[key]
                 self.bytes -= nbytes
         while self._entries and self.bytes + size > self.max_bytes:
-            _, (_, _, nbytes) = self._entries.pop(next(iter(self._entries)))
+            _, _, nbytes = self._entries.pop(next(iter(self._entries)))  # least recently used
             self.bytes -= nbytes
         self._entries[self._next] = (ids, kv, size)
         self._next += 1
@@ -308,8 +308,8 @@ class _Engine:
         prompts = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in reqs]
         self.prompt_tokens += sum(len(p) for p in prompts)
         # Cached prefixes (text rows only): row i computes only its last len - past[i] tokens.
-        use_prefix = self.prefix is not None and not any(r.multimodal for r in reqs)
-        found = [self.prefix.lookup(p, torch) for p in prompts] if use_prefix else []  # type: ignore[union-attr]
+        prefix = None if any(r.multimodal for r in reqs) else self.prefix
+        found = [prefix.lookup(p, torch) for p in prompts] if prefix is not None else []
         past = [k for k, _ in found] or [0] * n
         width_past = max(past)
         width = max(len(p) - k for p, k in zip(prompts, past, strict=True))
@@ -388,8 +388,12 @@ class _Engine:
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
 
-        if use_prefix:
-            self._store_prefixes(prompts, past, tokens, cache, width_past + width, torch)
+        if prefix is not None:
+            try:
+                self._store_prefixes(prompts, past, tokens, cache, width_past + width, torch)
+            except Exception:  # the replies are done: a cache failure must not fail them
+                log.exception("local model %s: prefix cache store failed; cache emptied", self.name)
+                prefix.clear()
         results = []
         for i, r in enumerate(reqs):
             ids = tokens[i]
