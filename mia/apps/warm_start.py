@@ -41,7 +41,7 @@ from mia.rl.sft import SftConfig
 
 ROLES = ("executor", "planner")
 # The roles whose adapter the package ships (mia/assets): a first run does not train them.
-SHIPPED_ROLES = ("executor",)
+SHIPPED_ROLES = ("executor", "planner")
 MARKER = "mia-model.json"
 RECIPE = "warm-start-sft"
 # Bump when the way gold data is made changes in a way the fingerprint below cannot see.
