@@ -17,7 +17,7 @@ from mia.planner.episode import PlannerEpisodeConfig
 from mia.rewards.config import PlannerRewardConfig
 from mia.rl.trainer import TrainerConfig
 from mia.roles.common import load_role
-from mia.roles.config import PlannerServices, cpu_episode, cpu_trainer
+from mia.roles.config import PlannerServices, cpu_episode, cpu_planner_trainer
 
 
 @dataclass
@@ -60,7 +60,7 @@ class PlannerTrainConfig:
         JudgeConfig, "the ground-truth judge (judge=llm: the SimpleQA-style LLM judge)"
     )
     trainer: TrainerConfig = section(
-        lambda: cpu_trainer(save_freq=10), "the GRPO trainer (python -m mia.rl's keys)"
+        lambda: cpu_planner_trainer(save_freq=10), "the GRPO trainer (python -m mia.rl's keys)"
     )
 
     def validate(self) -> PlannerTrainConfig:

@@ -19,7 +19,7 @@ from mia.planner.episode import PlannerEpisodeConfig
 from mia.rewards.config import NoGTRewardConfig, PlannerRewardConfig
 from mia.rl.trainer import TrainerConfig
 from mia.roles.common import load_role
-from mia.roles.config import PlannerServices, cpu_episode, cpu_trainer
+from mia.roles.config import PlannerServices, cpu_episode, cpu_planner_trainer
 from ttrl.rewards import MODES, NOGT_METHODS
 
 CRASH_POINTS = ("after_update", "after_checkpoint", "after_bank_save", "after_consolidate")
@@ -103,7 +103,7 @@ class TTRLConfig:
         lambda: JudgeConfig(type="panel"), "the no-GT review panel (nogt.method=panel)"
     )
     trainer: TrainerConfig = section(
-        lambda: cpu_trainer(save_freq=1, keep_last=1),
+        lambda: cpu_planner_trainer(save_freq=1, keep_last=1),
         "the GRPO trainer: batch_size questions per batch (the reference: 32), n plans per "
         "question (4); checkpoint every save_freq batches (> 1: a resume may lose up to "
         "save_freq - 1 updates, never a memory write) and after the last; keep_last 1 (resume "

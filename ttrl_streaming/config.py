@@ -17,7 +17,7 @@ from mia.planner.episode import PlannerEpisodeConfig
 from mia.rewards.config import PlannerRewardConfig
 from mia.rl.trainer import TrainerConfig
 from mia.roles.common import load_role
-from mia.roles.config import PlannerServices, cpu_episode, cpu_trainer
+from mia.roles.config import PlannerServices, cpu_episode, cpu_planner_trainer
 
 
 @dataclass
@@ -70,7 +70,7 @@ class StreamingServerConfig:
         JudgeConfig, "used only without services.reward_url (judge=llm: an LLM judge)"
     )
     trainer: TrainerConfig = section(
-        lambda: cpu_trainer(keep_last=2),
+        lambda: cpu_planner_trainer(keep_last=2),
         "the GRPO trainer: batch_size questions per update (train_batch_size; the reference: "
         "32), n rollouts per question; keep_last 2 checkpoints (a 135M Planner: ~1.7 GB each)",
     )

@@ -96,12 +96,10 @@ class TTRLChoice:
             "episode.decision_max_tokens=32",
             "episode.replan_max_tokens=128",
             "trainer.policy.optim.lr=1.0e-5",
-            "trainer.policy.micro_batch_size=1",
             "trainer.save_freq=1000",
         ],
-        "more configs/ttrl keys, sized for 2 CPU cores (micro_batch_size 1: the Planner's "
-        "backward on plan prompts with memories held ~16 GB at 4 and was killed for memory on "
-        "a 24 GB machine; save_freq 1000: one checkpoint, after the last batch)",
+        "more configs/ttrl keys, sized for 2 CPU cores (save_freq 1000: one checkpoint, after "
+        "the last batch)",
     )
 
 

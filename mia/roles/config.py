@@ -12,6 +12,7 @@ from typing import Any
 from mia.config import option
 from mia.planner.episode import PlannerEpisodeConfig
 from mia.rl.generators.base import GeneratorConfig
+from mia.rl.policy import PolicyConfig
 from mia.rl.trainer import TrainerConfig
 from mia.rl.workers import WorkersConfig
 
@@ -85,3 +86,11 @@ def cpu_trainer(**fields: Any) -> TrainerConfig:
         generator=GeneratorConfig(max_batch_size=16),
         **fields,
     )
+
+
+def cpu_planner_trainer(**fields: Any) -> TrainerConfig:
+    """:func:`cpu_trainer` for the Planner roles: one sample per backward. Plan prompts with
+    retrieved memories run to ~1,500 tokens, and on a CPU the attention of 4 such samples over
+    SmolLM2's 30 layers held ~16 GB (the demo's TTRL pass was killed for memory on a 24 GB
+    machine); the step covers the same samples (gradient accumulation)."""
+    return cpu_trainer(policy=PolicyConfig(micro_batch_size=1), **fields)
