@@ -390,7 +390,7 @@ class _Engine:
 
         if prefix is not None:
             try:
-                self._store_prefixes(prompts, past, tokens, cache, width_past + width, torch)
+                self._store_prefixes(prompts, past, tokens, cache, width_past, width, torch)
             except Exception:  # the replies are done: a cache failure must not fail them
                 log.exception("local model %s: prefix cache store failed; cache emptied", self.name)
                 prefix.clear()
@@ -437,12 +437,14 @@ class _Engine:
         past: list[int],
         tokens: list[list[int]],
         cache: Any,
-        prefill_width: int,
+        width_past: int,
+        width: int,
         torch: Any,
     ) -> None:
-        """Keep each row's prompt + reply KV (the last sampled token was never fed)."""
+        """Keep each row's prompt + reply KV (the last sampled token was never fed). The cache's
+        columns: ``width_past`` of cached past, ``width`` of new prompt, then the decoded steps."""
         assert self.prefix is not None
-        width_past = prefill_width - max(len(p) - k for p, k in zip(prompts, past, strict=True))
+        prefill_width = width_past + width
         for i, prompt in enumerate(prompts):
             fed = max(0, len(tokens[i]) - 1)
             cols = torch.cat(
