@@ -368,6 +368,7 @@ def test_config_defaults_mirror_embedded_yaml() -> None:
         ({"roles": {"judge": {"backend": "local", "temprature": 0}}}, "unknown key"),
         ({"roles": {"judge": {"sampling": {"temp": 0}}}}, "unknown sampling key"),
         ({"roles": {"judge": {"prefix_cache_mb": -1}}}, "prefix_cache_mb must be >= 0"),
+        ({"roles": {"judge": {"repeat_stop": 2}}}, "repeat_stop must be 0 or >= 4"),
         ({"common": {}}, "no roles defined"),
         ({"rolez": {}}, "unknown section"),
     ],
@@ -558,6 +559,100 @@ def test_local_stop_string_cuts_text(local: Any) -> None:
     assert stop not in cut.text
     assert len(cut.token_ids) < 16 and len(cut.token_ids) == len(cut.logprobs)
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)]
+
+
+def test_repeats_detects_short_loops_only() -> None:
+    from mia.llm.local_backend import repeats
+
+    assert repeats([5] * 32, 32) and repeats([5, 7] * 16, 32)
+    assert repeats(list(range(8)) * 4, 32)  # period 8 = a quarter of the window
+    assert repeats([9, 1, 2] + [5] * 32, 32)  # only the tail counts
+    assert not repeats(list(range(9)) * 4, 32)  # period 9 > 32 // 4
+    assert not repeats([5] * 31, 32)  # shorter than the window
+    assert not repeats(list(range(40)), 32)
+
+
+def test_local_repeat_stop_cuts_a_loop_and_nothing_else(tiny: tuple[Any, Any]) -> None:
+    """A reply ends where its tokens first loop for the window, with the same tokens as the
+    uncut reply up to there; replies without such a loop are untouched, in the same batch."""
+    from mia.llm.local_backend import LocalChat, repeats
+    from mia.models.tiny import tiny_qwen2
+
+    varied_model, tok = tiny
+    looping_model = tiny_qwen2(tok)  # the default init: greedy replies repeat one token
+    p = SamplingParams(max_tokens=40)
+    msgs = prompts(3)
+    untouched = 0
+    for model in (looping_model, varied_model):
+        free_chat = LocalChat(model=model, tokenizer=tok, batch_wait_ms=20)
+        free = [run(free_chat.chat(m, p)) for m in msgs]
+        cut_chat = LocalChat(model=model, tokenizer=tok, batch_wait_ms=50, repeat_stop=8)
+
+        async def together(chat: Any = cut_chat) -> list[Any]:
+            return await asyncio.gather(*(chat.chat(m, p) for m in msgs))
+
+        cut = run(together())
+        expected_stops = 0
+        for f, c in zip(free, cut, strict=True):
+            ends = [k for k in range(8, len(f.token_ids)) if repeats(f.token_ids[:k], 8)]
+            if ends:  # the first loop, before the budget ends the reply anyway
+                assert c.token_ids == f.token_ids[: ends[0]]
+                assert c.finish_reason == "length"
+                expected_stops += 1
+            else:
+                assert c.token_ids == f.token_ids and c.finish_reason == f.finish_reason
+                untouched += 1
+        if model is looping_model:
+            assert expected_stops == len(msgs)  # every reply loops early
+            assert all(len(c.token_ids) < 40 for c in cut)
+        assert cut_chat.stats["repeat_stops"] == expected_stops
+    assert untouched >= 1  # a varied reply went through whole
+    with pytest.raises(LLMError, match="repeat_stop must be 0 or >= 4"):
+        LocalChat(model=varied_model, tokenizer=tok, repeat_stop=3)
+
+
+def test_decode_attention_equals_sdpa_and_leaves_other_passes_alone(tiny: tuple[Any, Any]) -> None:
+    """One-token steps over a left-padded cache give sdpa's logits (grouped heads: 4 query, 2
+    KV); a full forward pass (prefill, training) is bit-identical to sdpa's."""
+    import copy
+
+    import torch
+
+    from mia.llm.decode_attention import NAME, use_for_decode
+
+    model, _ = tiny
+    ref = copy.deepcopy(model).eval()
+    ref.set_attn_implementation("sdpa")  # the fixture's model was switched by a LocalChat
+    fast = copy.deepcopy(ref)
+    assert ref.config.num_key_value_heads < ref.config.num_attention_heads
+    assert use_for_decode(fast, "cpu") and fast.config._attn_implementation == NAME
+    assert not use_for_decode(copy.deepcopy(ref), "cuda")  # GPU kernels group heads themselves
+    torch.manual_seed(0)
+    ids = torch.randint(5, 200, (3, 12))
+    attn = torch.ones_like(ids)
+    attn[0, :5] = 0  # a left-padded row
+    attn[2, :2] = 0
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    outs = {}
+    with torch.inference_mode():
+        for name, m in (("ref", ref), ("fast", fast)):
+            out = m(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+            cache, a, p, nxt = out.past_key_values, attn, pos[:, -1:], out.logits[:, -1].argmax(-1)
+            steps = [out.logits]
+            for _ in range(6):
+                a, p = torch.cat([a, a.new_ones((3, 1))], -1), p + 1
+                o = m(input_ids=nxt[:, None], attention_mask=a, position_ids=p,
+                      past_key_values=cache, use_cache=True)  # fmt: skip
+                cache, nxt = o.past_key_values, o.logits[:, -1].argmax(-1)
+                steps.append(o.logits)
+            outs[name] = steps
+    assert torch.equal(outs["ref"][0], outs["fast"][0])  # the prefill runs sdpa itself
+    for r, f in zip(outs["ref"][1:], outs["fast"][1:], strict=True):
+        assert torch.allclose(r, f, atol=1e-5)
+    fast.train()
+    ref.train()
+    assert torch.equal(ref(input_ids=ids, attention_mask=attn).logits,
+                       fast(input_ids=ids, attention_mask=attn).logits)  # fmt: skip
 
 
 def test_local_sampling_is_seeded_per_request(local: Any) -> None:

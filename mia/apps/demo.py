@@ -119,6 +119,13 @@ class DemoConfig:
     warm_start: WarmStartChoice = section(WarmStartChoice, "warm-started local roles")
     ttrl: TTRLChoice = section(TTRLChoice, "the TTRL pass over the same questions")
     order: str = option("online", "online | batched (see docs/eval.md)")
+    reflect: bool = option(
+        False,
+        "planner policies: /judge_replan after the Executor's answer, then at most one /replan. "
+        "Off: with fewer than 4 memories the reference asks the Manager, and the raw SmolLM2 "
+        "Manager gives no yes/no in 3 attempts (about 2 minutes a policy on 2 cores, for no "
+        "decision; docs/demo.md)",
+    )
     batch_size: int = option(8, "batched order: questions per frozen-memory batch")
     workers: int = option(8, "questions in flight: concurrent requests are decoded together")
     llm_config: str = option(
@@ -328,6 +335,9 @@ def main(argv: list[str]) -> None:
     if args.model and not Path(args.model).is_dir():
         raise MiaError(f"--model: not a folder: {args.model}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Torch is not imported yet, so OpenMP reads this: the TTRL trainer in this process decodes
+    # beside the services, and spinning threads starve them (mia.eval.services.thread_env).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     run_demo(cfg, args)
 
 
@@ -491,6 +501,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         order=cfg.order,
         batch_size=cfg.batch_size,
         workers=cfg.workers,
+        reflect=cfg.reflect,
         judge=copy.deepcopy(cfg.judge),
     ).validate()
     ttrl = cfg.ttrl.enabled

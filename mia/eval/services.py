@@ -244,8 +244,18 @@ def default_threads() -> int:
 
 
 def thread_env(threads: int) -> dict[str, str]:
+    """Thread settings for a service subprocess. OpenMP threads that wait passively (unless
+    the user chose otherwise): measured on 2 cores with SmolLM2 decoding 8 rows, two busy
+    processes of 2 spinning threads each made 0.3 steps/s each, passive 3.0, while a
+    spinning 2-thread process beside a 1-thread one made 1.9 against 3.3 passive
+    (docs/benchmarks.md, "Threads")."""
     n = str(threads)
-    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+    return {
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "OPENBLAS_NUM_THREADS": n,
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+    }
 
 
 def write_llm_config(

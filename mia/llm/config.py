@@ -86,6 +86,11 @@ class LLMConfig:
         "local: MiB of KV kept from recent prompts and replies; a new prompt starts after its "
         "longest common prefix with them (an agent's system prompt and earlier turns); 0 = off",
     )
+    repeat_stop: int = option(
+        0,
+        "local: end a reply (finish reason length) once its last N tokens repeat one n-gram "
+        "of at most N/4 tokens, instead of decoding the loop to max_tokens; 0 = off",
+    )
     replies: list[str] | None = option(None, "scripted: the replies, in order")
 
     @classmethod
@@ -103,6 +108,8 @@ class LLMConfig:
             raise MiaError(f"{where}: the scripted backend needs replies")
         if self.prefix_cache_mb < 0:
             raise MiaError(f"{where}: prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
+        if self.repeat_stop < 0 or 0 < self.repeat_stop < 4:
+            raise MiaError(f"{where}: repeat_stop must be 0 or >= 4, got {self.repeat_stop}")
         sampling_fields = {f.name for f in dataclasses.fields(SamplingParams)}
         bad = sorted(set(self.sampling) - sampling_fields)
         if bad:
@@ -148,7 +155,7 @@ def _shared_local(cfg: LLMConfig) -> Any:
     path = resolve_model_path(str(cfg.model_path)).resolve()
     key = (
         str(path), cfg.device, cfg.dtype, cfg.max_batch_size, cfg.batch_wait_ms,
-        cfg.prefix_cache_mb,
+        cfg.prefix_cache_mb, cfg.repeat_stop,
     )  # fmt: skip
     with _LOCAL_LOCK:  # two roles resolving at once must not load the model twice
         chat = _LOCAL_CACHE.get(key)
@@ -160,6 +167,7 @@ def _shared_local(cfg: LLMConfig) -> Any:
                 max_batch_size=cfg.max_batch_size,
                 batch_wait_ms=cfg.batch_wait_ms,
                 prefix_cache_mb=cfg.prefix_cache_mb,
+                repeat_stop=cfg.repeat_stop,
             )
             _LOCAL_CACHE[key] = chat
     return chat

@@ -15,12 +15,19 @@ lengths are left-padded in the past and in the new part alike; positions count r
 the logits are those of a full prefill up to float rounding. Loading weights in place
 (:meth:`LocalChat.exclusive`) empties the cache.
 
+With ``repeat_stop`` > 0 a reply ends (finish reason ``length``: cut, not finished) once its last
+``repeat_stop`` tokens are one short n-gram repeated (period <= a quarter of the window): a small
+model that starts "album album album ..." would otherwise hold its whole batch to ``max_tokens``.
+
 Sampling is per request: temperature 0 is greedy; otherwise temperature + top-p with a private
 ``torch.Generator`` seeded from ``params.seed`` (so a seeded request gives the same reply whether
 it ran alone or in a batch). ``presence_penalty`` works as in vLLM (subtracted once from every
 token already generated). Chat messages are text only (image parts are refused with a clear
 error); id-level requests may carry Qwen2.5-VL vision inputs (``pixel_values``,
 ``image_grid_thw``) for prompts whose image pads are already expanded.
+
+On a CPU, text models that use ``sdpa`` attention decode with :mod:`mia.llm.decode_attention`
+(grouped-query attention over the cache in place; 1.7x faster steps at 1,000 cached tokens).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from mia import precision
 from mia.llm.base import ChatResult, LLMError, Message, SamplingParams
+from mia.llm.decode_attention import use_for_decode
 from mia.llm.think import strip_think as _strip_think
 
 if TYPE_CHECKING:
@@ -140,6 +148,7 @@ class _Engine:
         max_batch_size: int,
         batch_wait_ms: float,
         prefix_cache_mb: float = 0.0,
+        repeat_stop: int = 0,
     ) -> None:
         import torch
 
@@ -147,6 +156,9 @@ class _Engine:
             raise LLMError(f"local backend: max_batch_size must be >= 1, got {max_batch_size}")
         self.name = name
         self.model = model.to(device)
+        # One-token steps read the KV cache in place instead of sdpa's per-head copies (a model
+        # passed in keeps sdpa for everything else: its training forward is unchanged).
+        self.decode_attention = use_for_decode(self.model, device)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
@@ -169,6 +181,10 @@ class _Engine:
         self.max_batch_seen = 0
         self.prompt_tokens = 0
         self.prefix = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        if repeat_stop < 0 or 0 < repeat_stop < 4:
+            raise LLMError(f"local backend: repeat_stop must be 0 or >= 4, got {repeat_stop}")
+        self.repeat_stop = repeat_stop
+        self.repeat_stops = 0
 
     # ---- prompt side (caller's thread) ----
     def encode_chat(self, messages: list[Message], template_kwargs: dict[str, Any]) -> list[int]:
@@ -377,6 +393,9 @@ class _Engine:
                     finish[i] = "stop"
                 elif len(tokens[i]) >= budgets[i]:
                     finish[i] = "length"
+                elif self.repeat_stop and repeats(tokens[i], self.repeat_stop):
+                    finish[i] = "length"
+                    self.repeat_stops += 1
             if all(f is not None for f in finish):
                 break
             attn = torch.cat([attn, attn.new_ones((n, 1))], dim=-1)
@@ -490,6 +509,17 @@ class _Engine:
         return any(s and text.find(s, start) != -1 for s in stops)
 
 
+def repeats(ids: list[int], window: int) -> bool:
+    """True when the last ``window`` ids are one n-gram repeated, period <= window // 4
+    (at least four repetitions): ``repeats([5, 7] * 8, 16)`` is True, a sentence is not."""
+    if len(ids) < window:
+        return False
+    tail = ids[-window:]
+    return any(
+        all(tail[j] == tail[j - p] for j in range(p, window)) for p in range(1, window // 4 + 1)
+    )
+
+
 def _sample(scores: torch.Tensor, p: SamplingParams, gen: torch.Generator, torch: Any) -> int:
     probs = torch.softmax(scores / p.temperature, dim=-1)
     if p.top_p < 1.0:
@@ -592,6 +622,7 @@ class LocalChat:
         max_batch_size: int = 8,
         batch_wait_ms: float = 5.0,
         prefix_cache_mb: float = 0.0,
+        repeat_stop: int = 0,
         chat_template_kwargs: dict[str, Any] | None = None,
         strip_think: bool = False,
         defaults: SamplingParams | None = None,
@@ -617,6 +648,7 @@ class LocalChat:
             batch_wait_ms=batch_wait_ms,
             # A model passed in may be trained under us: its cached prefixes would go stale.
             prefix_cache_mb=prefix_cache_mb if model_path is not None else 0.0,
+            repeat_stop=repeat_stop,
         )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.strip_think = strip_think
@@ -635,6 +667,8 @@ class LocalChat:
         e = self._engine
         out = {"batches": e.batches, "requests": e.requests, "max_batch": e.max_batch_seen}
         out["prompt_tokens"] = e.prompt_tokens
+        if e.repeat_stop:
+            out["repeat_stops"] = e.repeat_stops  # replies cut for repeating themselves
         if e.prefix is not None:
             out["prefix_hits"] = e.prefix.hits
             out["prefix_tokens"] = e.prefix.reused_tokens  # prompt tokens not computed again
