@@ -100,6 +100,29 @@ def rollout_ids(run_dir: Path, step: int) -> list[str]:
 # ----------------------------------------------------------------------------- end to end
 
 
+def test_old_logprobs_from_the_rollout_give_the_recomputed_update(model_dir, tok, tmp_path) -> None:
+    """old_logprobs=rollout (the in-process generator's exact log-probs; no extra forward pass)
+    gives the same single-update step as recomputing them, up to float rounding."""
+    data = [{"question": "the answer is"}, {"question": "a tool call"}]
+    runs = {}
+    for mode in ("recompute", "rollout"):
+        cfg = base_cfg(
+            model_dir, tmp_path / mode, shuffle=False, save_freq=-1, log_rollouts=0,
+            old_logprobs=mode, total_steps=1,
+        )  # fmt: skip
+        with Trainer(cfg, OneTurn(tok), text_reward, data) as trainer:
+            metrics = trainer.train_on(data)
+            after = [r.trajectory.final_text for r in trainer.collect(data, n=2)]
+        runs[mode] = (metrics, after)
+    rec, rol = runs["recompute"][0], runs["rollout"][0]
+    assert rec["reward/mean"] == rol["reward/mean"]  # the same rollouts
+    assert rec["rollout/logprob_diff_max"] < 1e-4  # what makes the shortcut sound
+    assert "actor/entropy" not in rol  # the recompute pass is what measured it
+    assert rol["actor/grad_norm"] == pytest.approx(rec["actor/grad_norm"], rel=1e-3)
+    assert rol["actor/loss"] == pytest.approx(rec["actor/loss"], abs=1e-4)
+    assert runs["recompute"][1] == runs["rollout"][1]  # the same updated policy samples
+
+
 def test_single_process_steps_checkpoint_and_resume(model_dir, tmp_path) -> None:
     data = make_samples(6, seed=11)
     run = tmp_path / "run"
