@@ -80,5 +80,8 @@ def use_for_decode(model: Any, device: str) -> bool:
         return False
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    model.set_attn_implementation(register())
-    return True
+    try:
+        model.set_attn_implementation(register())
+    except (AttributeError, ValueError, TypeError):  # a wrapper or class that cannot switch
+        return False
+    return getattr(model.config, "_attn_implementation", None) == NAME
