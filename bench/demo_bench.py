@@ -8,7 +8,8 @@
 Reports the wall time and the CPU time of the whole process tree (the demo and its three
 service subprocesses, from ``getrusage(RUSAGE_CHILDREN)``), the load average before and after
 (other work on a shared machine stretches wall time; CPU seconds / cores is the wall time the
-same work needs on otherwise idle cores), and the demo's own table. JSON lands in
+same work needs on otherwise idle cores), the precision the demo chose on this CPU, and the
+demo's own table; the demo's stage lines stream to stderr meanwhile. JSON lands in
 ``.mia/bench/demo.json``.
 """
 
@@ -26,6 +27,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def precision_line(env: dict[str, str]) -> str:
+    """mia.precision.describe() as the demo's environment sees it."""
+    code = "from mia import precision; print(precision.describe())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return out.stdout.strip() or out.stderr.strip()[-200:]
 
 
 def main() -> None:
@@ -52,13 +60,22 @@ def main() -> None:
     load_before = os.getloadavg()
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    # The demo's own stage lines stream through (on stderr) while they are kept for the report.
+    lines: list[str] = []
+    with subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append(line)
+            print(f"  demo | {line.rstrip()}", file=sys.stderr, flush=True)
+    returncode = child.returncode
+    output = "".join(lines)
     wall = time.perf_counter() - start
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_after = os.getloadavg()
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
-        raise SystemExit(f"mia demo failed with exit code {proc.returncode}")
+    if returncode != 0:
+        raise SystemExit(f"mia demo failed with exit code {returncode}")
     cpu = (usage_after.ru_utime - usage_before.ru_utime) + (
         usage_after.ru_stime - usage_before.ru_stime
     )
@@ -75,25 +92,30 @@ def main() -> None:
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in load_after],
         "policies": {s["policy"]: {k: s.get(k) for k in ("accuracy", "wall_s")} for s in summary},
-        "built": [line.strip() for line in proc.stdout.splitlines() if "done in" in line],
+        "built": [line.strip() for line in output.splitlines() if "done in" in line],
         "machine": f"{platform.processor() or platform.machine()}, {cores} cores",
+        # Machines differ: the precision the demo chose here (MIA_BF16=0 forces float32, what a
+        # CPU without native bf16 gets).
+        "precision": precision_line(env),
         "command": " ".join(cmd[2:]),
     }
     bench_dir = ROOT / ".mia" / "bench"
     bench_dir.mkdir(parents=True, exist_ok=True)
     (bench_dir / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = proc.stdout[proc.stdout.find("policy ") :].split("\n\n")[0]
+    table = output[output.find("policy ") :].split("\n\n")[0]
     print(table)
     for line in result["built"]:
         print(line)
     print()
     print(
-        "| mode | questions/policy | wall | CPU (all processes) | CPU / cores | load avg (1 min) before -> after |"
+        "| mode | questions/policy | wall | CPU (all processes) | CPU / cores | load avg (1 min) "
+        "before -> after | precision |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     print(
         f"| {result['mode']} | {result['questions']} | {wall:.0f} s | {cpu:.0f} s | "
-        f"{cpu / cores:.0f} s | {load_before[0]:.1f} -> {load_after[0]:.1f} |"
+        f"{cpu / cores:.0f} s | {load_before[0]:.1f} -> {load_after[0]:.1f} | "
+        f"{result['precision']} |"
     )
     # Targets: <= 12 minutes on a first run (warm start included), <= 5 once cached (2 cores).
     target = 720 if args.cold else 300
