@@ -29,11 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def precision_line(env: dict[str, str]) -> str:
-    """mia.precision.describe() as the demo's environment sees it."""
-    code = "from mia import precision; print(precision.describe())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    return out.stdout.strip() or out.stderr.strip()[-200:]
+def precision_line(output: str) -> str:
+    """The demo's own "precision: ..." line (what it chose on this CPU)."""
+    for line in output.splitlines():
+        if line.strip().startswith("precision:"):
+            return line.strip().removeprefix("precision:").strip()
+    return "unknown"
 
 
 def main() -> None:
@@ -96,7 +97,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {cores} cores",
         # Machines differ: the precision the demo chose here (MIA_BF16=0 forces float32, what a
         # CPU without native bf16 gets).
-        "precision": precision_line(env),
+        "precision": precision_line(output),
         "command": " ".join(cmd[2:]),
     }
     bench_dir = ROOT / ".mia" / "bench"
