@@ -151,10 +151,17 @@ class DemoConfig:
     )
     agent: dict[str, Any] = option({"max_turns": 4}, "serve's agent section (configs/agent/ keys)")
     threads: int | None = option(None, "torch threads per LLM service; null = half the cores")
+    memory_compress: str = option(
+        "auto",
+        "how memory_serve compresses a trajectory (not the rag store: raw traces): auto = "
+        "rules when the Manager is a local model (the raw embedded SmolLM2 writes no usable "
+        "summary, and the warm Planner learnt from rule summaries, mia.apps.planner_gold), "
+        "llm when it is an endpoint (--manager-url) | llm | rules",
+    )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],
-        "key=value for memory_serve (on_empty=trace: a summary the small manager leaves empty "
-        "stores the trace)",
+        "key=value for memory_serve (on_empty=trace: with compress llm, a summary the small "
+        "manager leaves empty stores the trace)",
     )
     judge: JudgeConfig = section(
         lambda: JudgeConfig(mode="em"),
@@ -170,6 +177,8 @@ class DemoConfig:
         if self.world.size not in ("small", "default", "large"):
             raise MiaError("demo config: world.size must be small, default or large")
         precision.normalise(self.local_dtype)  # raises on an unknown spelling
+        if self.memory_compress not in ("auto", "llm", "rules"):
+            raise MiaError("demo config: memory_compress must be auto, llm or rules")
         unknown = sorted(set(self.local_roles) - set(ROLES))
         if unknown:
             raise MiaError(f"demo config: local_roles has unknown role(s) {unknown}")
@@ -568,6 +577,9 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         _say("  note: the Planner runs on an endpoint: TTRL trains a local Planner, skipped")
         ttrl = False
 
+    compress = cfg.memory_compress
+    if compress == "auto":
+        compress = "rules" if role_llm_dict(str(llm_yaml), "manager")["backend"] == "local" else "llm"
     memory_dbs: dict[str, Path] = {}
     if any(spec(p).needs_memory and p != "rag" for p in cfg.policies):
         memory_dbs["llm"] = out / "memory.sqlite"
@@ -578,6 +590,8 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         memory_dbs[ttrl_name(mode)] = out / ttrl_name(mode) / "memory-service.sqlite"
 
     _say(f"[4/{stages}] services on loopback (local_search, serve, memory_serve)")
+    if memory_dbs.keys() - {"identity"}:
+        _say(f"  memory compression: {compress} (memory_compress={cfg.memory_compress})")
     ttrl_rows: list[dict[str, Any]] = []
     ttrl_results: dict[str, Any] = {}
     with ServiceGroup(work, log_fn=_say) as group:
@@ -592,6 +606,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
                 threads=cfg.threads,
                 agent=dict(cfg.agent),
                 memory_overrides=list(cfg.memory_overrides),
+                compress_mode=compress if memory_dbs else None,
             ),
         )
         group.write_manifest(work / "services.json")

@@ -296,13 +296,15 @@ class StackOptions:
     llm_config: Path  # from write_llm_config: executor, manager and planner roles
     work_dir: Path  # logs, port files, generated service configs
     # name -> SQLite file, one memory_serve each; "identity" = compress mode identity (no LLM),
-    # any other name (e.g. "llm", "ttrl") = compression by the manager LLM
+    # any other name (e.g. "llm", "ttrl") = compression by ``compress_mode``
     memory_dbs: dict[str, Path]
     image_cache: list[str] = field(default_factory=list)
     threads: int | None = None
     agent: dict[str, Any] = field(default_factory=dict)  # serve's agent section overrides
     memory_overrides: list[str] = field(default_factory=list)
     serve_overrides: list[str] = field(default_factory=list)
+    # compress.mode of every store but "identity": None = memory_serve's default (llm)
+    compress_mode: str | None = None
 
 
 @dataclass
@@ -363,6 +365,8 @@ def start_stack(group: ServiceGroup, opts: StackOptions) -> StackURLs:
         overrides = [f"llm.config={opts.llm_config}", f"persist.allowed_root={db.parent}"]
         if name == "identity":
             overrides += ["compress.mode=identity", "llm.enabled=false"]
+        elif opts.compress_mode is not None:
+            overrides.append(f"compress.mode={opts.compress_mode}")
         db.parent.mkdir(parents=True, exist_ok=True)
         specs.append(
             ServiceSpec(
