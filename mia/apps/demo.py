@@ -579,7 +579,9 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
 
     compress = cfg.memory_compress
     if compress == "auto":
-        compress = "rules" if role_llm_dict(str(llm_yaml), "manager")["backend"] == "local" else "llm"
+        compress = (
+            "rules" if role_llm_dict(str(llm_yaml), "manager")["backend"] == "local" else "llm"
+        )
     memory_dbs: dict[str, Path] = {}
     if any(spec(p).needs_memory and p != "rag" for p in cfg.policies):
         memory_dbs["llm"] = out / "memory.sqlite"
