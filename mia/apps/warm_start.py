@@ -201,19 +201,26 @@ def _constants(module: Any) -> dict[str, Any]:
     return out
 
 
-def data_fingerprint() -> dict[str, Any]:
+def data_fingerprint(planner_memory: bool = False) -> dict[str, Any]:
     """What the gold data depends on beyond the recipe: the world format, the prompts the agent
-    loop and the Planner render, the gold phrase tables, and :data:`WARM_DATA_VERSION`."""
+    loop and the Planner render, the gold phrase tables, and :data:`WARM_DATA_VERSION`; with
+    ``planner_memory`` (recipes with ``gold_world.planner_memory``) also the constants of
+    :mod:`mia.apps.planner_gold`, so a change there retrains only the recipes that use it."""
     from mia.apps import gold
     from mia.data.world_io import WORLD_FORMAT_VERSION
     from mia.prompts import executor, planner
 
-    return {
+    out = {
         "warm_data_version": WARM_DATA_VERSION,
         "world_format": WORLD_FORMAT_VERSION,
         "prompts": _sha([_constants(executor), _constants(planner)]),
         "gold": _sha(_constants(gold)),
     }
+    if planner_memory:
+        from mia.apps import planner_gold
+
+        out["planner_memory"] = _sha(_constants(planner_gold))
+    return out
 
 
 def base_fingerprint(model_dir: str | Path) -> dict[str, Any]:
@@ -261,7 +268,7 @@ def gold_world_file(
     cfg.validate()
     emit = say or (lambda _line: None)
     root = (Path(home) if home is not None else mia_home()) / "data" / "gold"
-    key = _sha({"gold": asdict(cfg), "data": data_fingerprint()})[:12]
+    key = _sha({"gold": asdict(cfg), "data": data_fingerprint(cfg.planner_memory)})[:12]
     seeds = "+".join(str(s) for s in cfg.seeds)
     path = root / f"w{seeds}-{cfg.size}-{cfg.split}-{key}.jsonl"
     if path.is_file():
@@ -393,7 +400,8 @@ def recipe_key(recipe: Mapping[str, Any], base: Mapping[str, Any]) -> str:
         dict(recipe)
     ).to_dict()  # defaults filled: a no-op edit keeps it
     semantic = {k: v for k, v in full.items() if k not in NOT_RECIPE and k != "model_path"}
-    return _sha({"recipe": semantic, "data": data_fingerprint(), "base": dict(base)})[:16]
+    data = data_fingerprint(bool(full["gold_world"]["planner_memory"]))
+    return _sha({"recipe": semantic, "data": data, "base": dict(base)})[:16]
 
 
 def warm_cache_dir(role: str, key: str, home: str | Path | None = None) -> Path:
