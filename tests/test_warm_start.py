@@ -260,6 +260,21 @@ def test_the_shipped_adapters_are_those_of_the_recipes() -> None:
         assert path.stat().st_size < 5_000_000
 
 
+def test_planner_gold_changes_retrain_only_the_recipes_that_use_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A constant of mia.apps.planner_gold is part of the key of recipes with
+    gold_world.planner_memory (the Planner's) and of no other (the Executor's adapter stays)."""
+    from mia.apps import planner_gold
+
+    fp = W.embedded_fingerprint()
+    before = {role: W.recipe_key(W.warm_recipe(role), fp) for role in ("executor", "planner")}
+    monkeypatch.setattr(planner_gold, "FAILURES_ONLY_RATE", planner_gold.FAILURES_ONLY_RATE / 2)
+    after = {role: W.recipe_key(W.warm_recipe(role), fp) for role in ("executor", "planner")}
+    assert after["executor"] == before["executor"]
+    assert after["planner"] != before["planner"]
+
+
 def test_the_gold_data_is_pinned(tmp_path: Path) -> None:
     """The gold transcripts of a small world, byte for byte: a change in how gold is made that
     the data fingerprint cannot see still changes this digest (then bump WARM_DATA_VERSION,

@@ -192,11 +192,13 @@ def _sha(data: Any) -> str:
 # ----------------------------------------------------------------------------- fingerprints
 
 
-def _constants(module: Any) -> dict[str, Any]:
-    """The upper-case text/table constants of a module (prompts, phrase tables)."""
+def _constants(module: Any, numbers: bool = False) -> dict[str, Any]:
+    """The upper-case text/table constants of a module (prompts, phrase tables); with
+    ``numbers`` also its numeric ones (rates, versions)."""
+    kinds = (str, dict, tuple, list) + ((int, float) if numbers else ())
     out = {}
     for name, value in sorted(vars(module).items()):
-        if name.isupper() and isinstance(value, str | dict | tuple | list):
+        if name.isupper() and isinstance(value, kinds):
             out[name] = value
     return out
 
@@ -219,7 +221,7 @@ def data_fingerprint(planner_memory: bool = False) -> dict[str, Any]:
     if planner_memory:
         from mia.apps import planner_gold
 
-        out["planner_memory"] = _sha(_constants(planner_gold))
+        out["planner_memory"] = _sha(_constants(planner_gold, numbers=True))
     return out
 
 
