@@ -37,14 +37,11 @@ def test_convention_targets_follow_the_memories(rows: list[dict]) -> None:
     assert conventions and len({r["relation"] for r in conventions}) >= 3
     for r in rows:
         prompt = r["planner_messages"][1]["content"]
-        assert EMPTY_MEMORY not in prompt
-        assert "Judgement: correct" in prompt or "Judgement: incorrect" in prompt
+        assert EMPTY_MEMORY not in prompt and "Judgement: correct" in prompt
         assert not any(t in r["id"] for t in HELD_OUT_TEMPLATES)
     readings_seen: dict[str, set[str]] = {}
     for r in conventions:
         prompt, reply = r["planner_messages"][1]["content"], r["planner_messages"][2]["content"]
-        if "failed after finding" in reply:  # failures only: test_failures_only_chats
-            continue
         pos, neg = _blocks(prompt)
         think, plan = reply.split("</think>")
         # The reason names the positive's fact and the one to look for; the plan reads it.
@@ -57,32 +54,6 @@ def test_convention_targets_follow_the_memories(rows: list[dict]) -> None:
         readings_seen.setdefault(r["question"].split(" ")[0:3][0], set()).add(fact)
     # the same wording is trained toward more than one reading: only the memories tell which
     assert any(len(v) > 1 for v in readings_seen.values())
-
-
-def test_failures_only_chats_avoid_what_the_negatives_read(rows: list[dict]) -> None:
-    """Chats whose similar memories all failed (a new wording's first attempts): the target is
-    a fact none of the negatives concluded with, the positives shown (if any) are about other
-    kinds of question and the reason does not follow them."""
-    failed = [r for r in rows if "failed after finding" in r["planner_messages"][2]["content"]]
-    assert failed and {r["type"] for r in failed} <= {"convention", "single_hop"}
-    assert any(r["type"] == "convention" for r in failed)
-    assert len(failed) < len(rows) / 2
-    for r in failed:
-        prompt, reply = r["planner_messages"][1]["content"], r["planner_messages"][2]["content"]
-        pos, neg = _blocks(prompt)
-        think, plan = reply.split("</think>")
-        assert "answered correctly" not in think
-        found = think.split("failed after finding ")[1].split("; so I will look for ")[0]
-        wanted = think.split("so I will look for ")[1].rstrip(".\n")
-        fact = wanted.split(" of ")[0].split(" where ")[0].split(" in which ")[0]
-        assert fact in plan
-        assert "Judgement: incorrect" in neg
-        # every negative concluded with another fact than the one the plan looks for
-        for summary in neg.split("Workflow Summary:")[1:]:
-            assert "So " + fact not in summary and fact.replace("the ", "So the ", 1) not in summary
-        assert found.split(" of ")[0].split(" in which ")[0] != fact
-        # positives, when shown, are at most retrieval's top 2 and the reason does not use them
-        assert pos.count("Judgement: correct") <= 2
 
 
 def test_a_target_without_a_gold_plan_is_skipped(rows: list[dict], tmp_path, monkeypatch) -> None:

@@ -269,7 +269,8 @@ def test_planner_gold_changes_retrain_only_the_recipes_that_use_it(
 
     fp = W.embedded_fingerprint()
     before = {role: W.recipe_key(W.warm_recipe(role), fp) for role in ("executor", "planner")}
-    monkeypatch.setattr(planner_gold, "FAILURES_ONLY_RATE", planner_gold.FAILURES_ONLY_RATE / 2)
+    readings = {**planner_gold.READINGS, "person.from": ("birth_city",)}
+    monkeypatch.setattr(planner_gold, "READINGS", readings)
     after = {role: W.recipe_key(W.warm_recipe(role), fp) for role in ("executor", "planner")}
     assert after["executor"] == before["executor"]
     assert after["planner"] != before["planner"]

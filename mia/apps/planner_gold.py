@@ -19,12 +19,6 @@ accumulate over the test stream.
 Other question types get positives of the same kind (same relation, same bridge chain, same
 comparison), single-hop questions also a negative that read another fact of the entity, and now
 and then an unrelated memory, as retrieval returns them.
-
-**Failures only** (:data:`FAILURES_ONLY_RATE` of the convention and single-hop chats): the
-similar questions in memory all failed and the positives retrieval shows are about other
-questions. That is what the test stream looks like for a new wording whose first attempts read
-the wrong fact: the target is a reading none of the negatives concluded with, and the reason
-names only the negatives (the unrelated positives are not followed).
 """
 
 from __future__ import annotations
@@ -41,15 +35,6 @@ from mia.trace import rule_summary
 
 TYPES = ("single_hop", "bridge", "comparison", "convention")
 READINGS = {c.id: c.readings for c in CONVENTIONS}
-# Version of the chats this module writes (part of the Planner recipe's cache key): 2 added the
-# failures-only chats.
-PLANNER_MEMORY_VERSION = 2
-# Share of convention and single-hop chats whose similar memories are all failures.
-FAILURES_ONLY_RATE = 0.35
-# Failures-only chats: how often retrieval shows unrelated positives (it always shows the top
-# positives when the store has any, whatever their similarity), and how many negatives at most.
-UNRELATED_POSITIVE_RATE = 0.8
-FAILURES_MAX = 2
 
 
 @dataclass
@@ -151,9 +136,6 @@ def planner_memory_examples(
     )
     done = {ex.id: ex for ex in report.examples}
 
-    def own_reading(q: Question) -> str | None:
-        return q.relation.split(".", 1)[1] if q.type in ("single_hop", "convention") else None
-
     def transcript(q: Question, rel: str | None) -> GoldExample | None:
         if rel is None or q.type not in ("single_hop", "convention"):
             return done.get(q.id)
@@ -167,13 +149,10 @@ def planner_memory_examples(
     draws = [
         (q, k) for q in questions for k in range(convention_draws if q.type == "convention" else 1)
     ]
-    # Unrelated positives: every question under its own reading, by kind.
-    canonical = [(kind_of(q), ex) for q in questions if (ex := transcript(q, own_reading(q)))]
     for q, draw in draws:
         peers = [p for p in by_kind[kind_of(q)] if p.id != q.id]
         rng.shuffle(peers)
-        own = own_reading(q)
-        failures_only = q.type in ("single_hop", "convention") and rng.random() < FAILURES_ONLY_RATE
+        own = q.relation.split(".", 1)[1] if q.type in ("single_hop", "convention") else None
         if q.type == "convention":
             rels = [r for r in READINGS.get(q.template, ()) if transcript(q, r) is not None]
             if not rels:
@@ -184,11 +163,10 @@ def planner_memory_examples(
         target = reading(world, q, want) if want and want != own else q
         if target is None:
             continue
-        pos = [] if failures_only else [m for p in peers if (m := transcript(p, want))][:positives]
+        pos = [m for p in peers if (m := transcript(p, want)) is not None][:positives]
         used = {ex.id.split("~", 1)[0] for ex in pos}
         neg: list[GoldExample] = []
-        n_neg = rng.randint(1, FAILURES_MAX) if failures_only else 1
-        # Similar questions whose Executor read another fact; not one of the positives' own
+        # A similar question whose Executor read another fact; not one of the positives' own
         # questions (memory_serve keeps one memory per question).
         for p in [p for p in peers if p.id not in used] + [p for p in peers if p.id in used]:
             if q.type == "convention":
@@ -201,18 +179,14 @@ def planner_memory_examples(
             found = [m for r in others if (m := transcript(p, r)) is not None]
             if found:
                 neg.append(found[0])
-                if len(neg) >= n_neg:
-                    break
-        if not neg and (failures_only or not pos):  # nothing in memory to derive the plan from
+                break
+        if not pos and not neg:
             continue
         pos_mem = [_memory(ex, True) for ex in pos]
-        unrelated = [ex for kind, ex in canonical if kind != kind_of(q)]
-        if failures_only:  # retrieval fills the positives with whatever succeeded elsewhere
-            if unrelated and rng.random() < UNRELATED_POSITIVE_RATE:
-                k = rng.randint(1, positives)
-                pos_mem = [_memory(ex, True) for ex in rng.sample(unrelated, k)]
-        elif rng.random() < distractor_rate and unrelated:  # retrieval also returns others
-            pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(unrelated), True))
+        if rng.random() < distractor_rate:  # retrieval also returns unrelated memories
+            others = [ex for k, ex in done.items() if "~" not in k and ex.id != q.id]
+            if others:
+                pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(others), True))
         neg_mem = [_memory(ex, False) for ex in neg]
         try:
             plan = writer.plan(target)
@@ -250,10 +224,8 @@ def _reply(
             parts.append(
                 f"A similar question was answered correctly by finding {_fact(world, pos[0])}"
             )
-        if neg and pos:
+        if neg:
             parts.append(f"a failed one found {_fact(world, neg[0])}")
-        elif neg:  # failures only: avoid what they read
-            parts.append(f"Similar questions failed after finding {_fact(world, neg[0])}")
         rel = target.relation.split(".", 1)[1]
         parts.append(f"so I will look for {fact_phrase(world.entities[target.entity_ids[0]], rel)}")
         why = "; ".join(parts)
