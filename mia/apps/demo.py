@@ -608,7 +608,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
                 threads=cfg.threads,
                 agent=dict(cfg.agent),
                 memory_overrides=list(cfg.memory_overrides),
-                compress_mode=compress if memory_dbs else None,
+                compress_mode=compress,
             ),
         )
         group.write_manifest(work / "services.json")
