@@ -460,7 +460,9 @@ def embedded_fingerprint() -> dict[str, Any]:
     return {"marker": marker}
 
 
-def _from_adapter(role: str, adapter: Path, base: Path, key: str, target: Path, emit: Log) -> None:
+def _from_adapter(
+    role: str, adapter: Path, base: Path, key: str, target: Path, data: dict[str, Any], emit: Log
+) -> None:
     from mia.models.adapter import apply_adapter, read_adapter
 
     started = time.monotonic()
@@ -473,7 +475,7 @@ def _from_adapter(role: str, adapter: Path, base: Path, key: str, target: Path, 
         "key": key,
         "base": str(base),
         "base_fingerprint": base_fingerprint(base),
-        "data": data_fingerprint(),
+        "data": data,
         "source": f"shipped adapter {adapter.name}",
         "steps": meta.get("steps"),
         "val_loss_start": meta.get("val_loss_start"),
@@ -587,7 +589,9 @@ def warm_role_dir(
         adapter = shipped_adapter(role, key) if shipped and not force else None
         if adapter is not None:
             try:
-                _from_adapter(role, adapter, base, key, target, emit)
+                memory = WarmStartConfig.from_dict(cfg).gold_world.planner_memory
+                data = data_fingerprint(memory)
+                _from_adapter(role, adapter, base, key, target, data, emit)
                 return target
             except MiaError as err:  # e.g. a base model built differently here: train instead
                 emit(f"warm start [{role}]: the shipped adapter does not apply ({err}); training")
@@ -641,7 +645,7 @@ def _build(
                 "key": key,
                 "base": str(base),
                 "base_fingerprint": base_fingerprint(base),
-                "data": data_fingerprint(),
+                "data": data_fingerprint(recipe.gold_world.planner_memory),
                 "source": "trained",
                 "steps": result.steps,
                 "val_loss_start": result.val_loss_start,
