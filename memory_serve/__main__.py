@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         "memory store %s: %d memories, embedder %s, compress=%s",
         db_path,
         len(store),
-        embedder.name,
+        store.embedder.name,
         cfg.compress.mode,
     )
     app = build_app(service, token=args.token, max_body_bytes=args.max_body_bytes)

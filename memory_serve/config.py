@@ -46,6 +46,12 @@ class RetrievalConfig:
     min_similarity: float | None = option(
         None, "floor on the raw (un-normalised) similarity; null = none (reference)"
     )
+    key: str = option(
+        "question",
+        "what is embedded: question (reference) | template: the question with its named entities "
+        "masked (mia.embedding.question_template), so the same kind of question is similar "
+        "whatever its entity; duplicates are then the same question text",
+    )
     plan_pair_top_k: int = option(2, 'plan pairs shown to the LLM for the "choice" rule')
 
 
@@ -250,6 +256,7 @@ class MemoryServeConfig:
         checks = [
             (r.top_k >= 0, "store.retrieval.top_k must be >= 0"),
             (r.plan_pair_top_k >= 0, "store.retrieval.plan_pair_top_k must be >= 0"),
+            (r.key in ("question", "template"), "store.retrieval.key must be question|template"),
             (
                 min(r.question_weight, r.caption_weight, r.similarity_weight, r.win_rate_weight)
                 >= 0,

@@ -46,7 +46,7 @@ from memory_serve.records import (
 )
 from memory_serve.restore import BackupInfo, copy_rows, open_backup, read_meta
 from memory_serve.scoring import combined_score, minmax, mixed_similarity, rank, top_positions
-from mia.embedding import Embedder
+from mia.embedding import Embedder, template_embedder
 from mia.errors import MiaError
 
 log = logging.getLogger("memory_serve.store")
@@ -215,8 +215,12 @@ class MemoryStore:
     ) -> None:
         self.db_path = Path(db_path)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        self.embedder = embedder
         self.cfg = cfg or StoreConfig()
+        # key=template: every question (stored or asked) is embedded as its template; the
+        # embedder's name says so, so a store written with the other key is re-embedded or refused.
+        self.embedder = (
+            template_embedder(embedder) if self.cfg.retrieval.key == "template" else embedder
+        )
         self.dim = int(embedder.dim)
         self._write_lock = threading.RLock()
         self._index_lock = threading.Lock()
@@ -376,7 +380,7 @@ class MemoryStore:
         w = self.cfg.write
         with self._write_lock:
             dup_id, dup_sim = self._best_duplicate(
-                (modality, mem.category), q_emb, c_emb, judgement
+                (modality, mem.category), q_emb, c_emb, judgement, mem.question
             )
             action, replaced = "inserted", None
             if dup_id is not None and dup_sim >= w.dedup_threshold:
@@ -426,7 +430,7 @@ class MemoryStore:
         )
 
     def _best_duplicate(
-        self, bucket: Bucket, q_emb: np.ndarray, c_emb: np.ndarray, judgement: str
+        self, bucket: Bucket, q_emb: np.ndarray, c_emb: np.ndarray, judgement: str, question: str
     ) -> tuple[int | None, float]:
         r = self.cfg.retrieval
         with self._index_lock:
@@ -437,6 +441,9 @@ class MemoryStore:
             sim = mixed_similarity(q, c, q_emb, c_emb, r.question_weight, r.caption_weight)
             if self.cfg.write.dedup_scope == "question_judgement":
                 sim = np.where(correct == (judgement == CORRECT), sim, -np.inf)
+            if r.key == "template":  # every question of a template embeds alike: compare texts
+                same = np.array([self._records[int(i)].question == question for i in ids])
+                sim = np.where(same, sim, -np.inf)
             best = int(np.argmax(sim))
             if not np.isfinite(sim[best]):
                 return None, -np.inf

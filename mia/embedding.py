@@ -10,12 +10,18 @@ sentence-transformers model name or local folder works too, e.g. a local copy of
 ``princeton-nlp/sup-simcse-bert-base-uncased`` for parity with the paper (sentence-transformers
 wraps a plain transformers folder with masked mean pooling; the reference used unmasked mean
 pooling, which differs only on padded batches).
+
+``TemplateEmbedder`` embeds a question's *template* instead (:func:`question_template`: its named
+entities masked), so that "Where does Ann Lee come from?" and "Where does Bo Kim come from?" are
+near-identical while "How old is Bo Kim?" is not: memory_serve's ``store.retrieval.key=template``
+retrieves the workflows of the same kind of question rather than of the same entity.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -140,6 +146,84 @@ def build_embedder(
     return SentenceTransformerEmbedder(
         model, device=device, batch_size=batch_size, max_seq_length=max_seq_length
     )
+
+
+# Lower-case words that may sit inside a name ("The Long Bells of Nacum", "Songs from Kelok").
+NAME_CONNECTORS = frozenset(
+    {"of", "the", "from", "and", "de", "del", "du", "la", "le", "van", "von"}
+)
+ENTITY_MASK = "X"
+_TRAILING = re.compile(r"(?:'s|\u2019s|[?!.,;:\"')\]\u201d\u2019])*$")
+_OPENING = "\"'(\u201c\u2018["
+
+
+def _capitalised(token: str) -> bool:
+    letters = token.lstrip(_OPENING)
+    return bool(letters) and letters[0].isupper()
+
+
+def _trailing(token: str) -> str:
+    """The punctuation (and possessive) a word ends with."""
+    return _TRAILING.search(token).group(0)  # type: ignore[union-attr]
+
+
+def question_template(text: str) -> str:
+    """``text`` with every run of capitalised words after the first word replaced by ``X``
+    (a run may hold the connectors of :data:`NAME_CONNECTORS` between capitalised words);
+    trailing punctuation and a possessive stay. The first word is kept: in English it is
+    capitalised because it starts the sentence. Pure string work, no NER model.
+
+    >>> question_template("Where does Thouzei Bozek come from?")
+    'Where does X come from?'
+    >>> question_template("Which came out first, Songs from Kelok or The Long Bells of Nacum?")
+    'Which came out first, X or X?'
+    >>> question_template("Who is Ann Lee's father?")
+    "Who is X's father?"
+    """
+    tokens = text.split()
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        if i == 0 or not _capitalised(tokens[i]):
+            out.append(tokens[i])
+            i += 1
+            continue
+        j = i  # the run's last word
+        while not _trailing(tokens[j]):  # "X, Y": a comma ends a name
+            if j + 1 < len(tokens) and _capitalised(tokens[j + 1]):
+                j += 1
+            elif (
+                j + 2 < len(tokens)
+                and tokens[j + 1].lower() in NAME_CONNECTORS
+                and _capitalised(tokens[j + 2])
+            ):
+                j += 2
+            else:
+                break
+        lead = tokens[i][: len(tokens[i]) - len(tokens[i].lstrip(_OPENING))]
+        out.append(lead + ENTITY_MASK + _trailing(tokens[j]))
+        i = j + 1
+    return " ".join(out)
+
+
+class TemplateEmbedder:
+    """Another embedder applied to :func:`question_template` of each text (its name says so,
+    so a store never mixes template and plain embeddings)."""
+
+    SUFFIX = "+template"
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}{self.SUFFIX}"
+        self.dim = int(inner.dim)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self.inner.encode([question_template(t) for t in texts])
+
+
+def template_embedder(embedder: Embedder) -> Embedder:
+    """``embedder`` behind :class:`TemplateEmbedder` (once: wrapping twice changes nothing)."""
+    return embedder if isinstance(embedder, TemplateEmbedder) else TemplateEmbedder(embedder)
 
 
 _SHARED: dict[tuple[str, str, int, int | None], Embedder] = {}

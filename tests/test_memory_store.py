@@ -21,7 +21,7 @@ from memory_serve.refjson import (
 )
 from memory_serve.store import MemoryStore
 from memory_serve.ttrl import consolidate_group, parse_choice, plan_length, select_index
-from mia.embedding import shared_embedder
+from mia.embedding import question_template, shared_embedder
 from mia.errors import MiaError
 from mia.trace import format_trace
 
@@ -248,6 +248,52 @@ def test_dedup_scope_question_judgement(tmp_path: Path, embedder) -> None:
     assert store.add(NewMemory(q, "1. b", "incorrect")).action == "replaced"
     got = store.retrieve(q)
     assert (got.positive_ids, got.negative_ids) == ([1], [3])
+
+
+def test_question_template_masks_named_entities() -> None:
+    cases = {
+        "Where does Thouzei Bozek come from?": "Where does X come from?",
+        "Which came out first, Songs from Kelok or The Long Bells of Nacum?": (
+            "Which came out first, X or X?"
+        ),
+        "Who is Ann Lee's father?": "Who is X's father?",
+        'Is "Big Fish" by Tim Burton?': 'Is "X" by X?',
+        "Where is Ann, Bo from?": "Where is X, X from?",  # a comma ends a name
+        "Kondstad lies where?": "Kondstad lies where?",  # the first word is never masked
+        "how old is the city?": "how old is the city?",
+    }
+    assert {q: question_template(q) for q in cases} == cases
+
+
+def test_template_key_retrieves_the_same_kind_of_question(tmp_path: Path, embedder) -> None:
+    """key=template: a memory of the same wording about another entity is near-identical
+    (above a 0.85 floor), another wording about the same entity is not; duplicates are the same
+    question text, not the same template."""
+    cfg = StoreConfig()
+    cfg.retrieval.key, cfg.retrieval.min_similarity = "template", 0.85
+    store = MemoryStore(tmp_path / "m.sqlite", embedder, cfg)
+    assert store.embedder.name == "all-MiniLM-L6-v2+template"
+    ids = [
+        store.add(NewMemory(q, f"1. {q}", j)).id
+        for q, j in [
+            ("Where does Thouzei Bozek come from?", "correct"),
+            ("How old is Cy Dorn?", "correct"),
+            ("Where does Bo Kim come from?", "incorrect"),
+        ]
+    ]
+    assert ids == [1, 2, 3]  # three questions of two templates: nothing merged
+    got = store.retrieve("Where does Cy Dorn come from?", top_k=2)
+    assert (got.positive_ids, got.negative_ids) == ([1], [3])
+    assert got.positives[0].similarity > 0.99
+    again = store.add(NewMemory("Where does Bo Kim come from?", "1. x", "incorrect"))
+    assert (again.action, again.replaced_id) == ("replaced", 3)
+    store.close()
+    # The plain key would read template embeddings as question embeddings: refused.
+    with pytest.raises(MiaError, match=r"holds embeddings of 'all-MiniLM-L6-v2\+template'"):
+        MemoryStore(tmp_path / "m.sqlite", embedder, StoreConfig())
+    plain = MemoryStore(tmp_path / "q.sqlite", embedder, StoreConfig())
+    plain.add(NewMemory("Where does Thouzei Bozek come from?", "1. s", "correct"))
+    assert plain.retrieve("Where does Cy Dorn come from?", min_similarity=0.85).positive_ids == []
 
 
 def test_win_rate_credit(tmp_path: Path, embedder) -> None:

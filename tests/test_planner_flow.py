@@ -9,6 +9,7 @@ from pathlib import Path
 
 from role_fixtures import ScriptedGenerator, executor_service, memory_service, replan_of
 
+from memory_serve.records import NewMemory
 from mia.data.formats import QAItem
 from mia.eval.policies import FlowContext, run_question, spec
 from mia.judge import RuleJudge
@@ -124,3 +125,52 @@ def test_flow_states_without_a_planner_and_without_a_replan() -> None:
         PlannerFlow(SaysNo(), Executor(), FlowConfig(reflect=False)).run(Task(question="q"))
     )
     assert run.states == ["plan", "execute"]
+
+
+def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:
+    """``plan_without_memory=False`` with template retrieval above a floor: a question whose
+    memory holds only other kinds of question runs as ``none`` (no Planner call, no plan, no
+    reflection); once a question of its template is remembered, the Planner plans from it."""
+    plans: list[str] = []
+
+    def planner(messages: list[dict]) -> str:
+        plans.append(messages[-1]["content"])
+        return chat_planner(messages)
+
+    prompts: list[str] = []
+
+    def executor_prompt(messages: list[dict]) -> str:
+        prompts.append(messages[-1]["content"])
+        return executor_reply(messages)
+
+    planner_llm = ScriptedChat(planner, name="planner")
+    overrides = ("store.retrieval.key=template", "store.retrieval.min_similarity=0.9")
+    with (
+        memory_service(tmp_path / "m.sqlite", planner_llm, planner_llm, overrides) as (url, svc),
+        executor_service(executor_prompt) as (serve_url, _),
+    ):
+
+        async def ask() -> dict:
+            serve, memory = ExecutorClient(serve_url), MemoryClient(url)
+            ctx = FlowContext(
+                spec("mia"), serve, memory, RuleJudge(), reflect=False, plan_without_memory=False
+            )
+            row = await run_question(QAItem(id="q", question=QUESTION, answers=[ANSWER]), 0, ctx)
+            await serve.aclose()
+            await memory.aclose()
+            return row
+
+        svc.store.add(NewMemory("How old is Vorlanic Institute?", "1. Search its age", "correct"))
+        row = asyncio.run(ask())
+        assert plans == [] and row["plan"] == "" and row["used_memory_ids"] == []
+        assert row["states"] == ["plan", "execute"] and row["planner_messages"] == []
+        assert "Here is a guide" not in prompts[-1]
+
+        svc.store.add(
+            NewMemory("Who founded Drelmar Academy?", "1. Search 'founded by'", "correct")
+        )
+        row = asyncio.run(ask())
+        assert len(plans) == 1 and "Who founded Drelmar Academy?" in plans[0]
+        assert "How old is" not in plans[0]  # below the floor: not shown
+        assert row["plan"] == "1. Guess the founder." and row["used_memory_ids"] == [2]
+        assert "Here is a guide for your reference:\n1. Guess the founder." in prompts[-1]

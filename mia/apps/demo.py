@@ -158,6 +158,19 @@ class DemoConfig:
         "summary, and the warm Planner learnt from rule summaries, mia.apps.planner_gold), "
         "llm when it is an endpoint (--manager-url) | llm | rules",
     )
+    memory_retrieval: dict[str, Any] = option(
+        {"key": "template", "min_similarity": 0.9},
+        "memory_serve store.retrieval keys of every store: memories are retrieved by question "
+        "template (named entities masked), and only above a cosine floor, so the Planner sees "
+        "workflows of the same kind of question or none (0.9: on the dev world 9, 99% of "
+        "same-kind pairs and 1% of other pairs reach it; docs/demo.md)",
+    )
+    plan_without_memory: bool = option(
+        False,
+        "mia: plan even when retrieval finds nothing similar (true); false = the Executor "
+        "answers alone then, as in none: a plan from an empty memory is plan_only's, which "
+        "costs this Executor accuracy (docs/results.md)",
+    )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],
         "key=value for memory_serve (on_empty=trace: with compress llm, a summary the small "
@@ -515,6 +528,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         reflect=cfg.reflect,
         judge=copy.deepcopy(cfg.judge),
     ).validate()
+    eval_cfg.memory.plan_without_memory = cfg.plan_without_memory
     ttrl = cfg.ttrl.enabled
     stages = 6 if ttrl else 5
     names = ", ".join([*cfg.policies, *(["ttrl"] if ttrl else [])])
@@ -607,7 +621,13 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
                 image_cache=[str(world / "image_cache")],
                 threads=cfg.threads,
                 agent=dict(cfg.agent),
-                memory_overrides=list(cfg.memory_overrides),
+                memory_overrides=[
+                    *(
+                        f"store.retrieval.{k}={'null' if v is None else v}"
+                        for k, v in cfg.memory_retrieval.items()
+                    ),
+                    *cfg.memory_overrides,
+                ],
                 compress_mode=compress,
             ),
         )

@@ -35,6 +35,12 @@ class MemoryOptions:
     replan_top_k: int = option(
         0, "/replan retrieval (the reference's inference driver asks with mem_top_k=0)"
     )
+    plan_without_memory: bool = option(
+        True,
+        "mia: false = a question for which /memory finds nothing (e.g. under "
+        "store.retrieval.min_similarity) gets no plan and the Executor answers alone, as in "
+        "none; plan_only is unaffected",
+    )
     clear_on_start: bool = option(
         True,
         "a fresh run empties the memory first (the reference calls /clear_memory at start); "

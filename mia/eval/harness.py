@@ -440,6 +440,7 @@ async def run_policy(
             judge=judge,
             top_k=cfg.memory.top_k,
             replan_top_k=cfg.memory.replan_top_k,
+            plan_without_memory=cfg.memory.plan_without_memory,
             reflect=cfg.reflect,
             baseline=baseline,
             planner_llm=planner_llm,

@@ -122,6 +122,7 @@ class FlowContext:
     judge: Judge
     top_k: int | None = None  # None: memory_serve's default
     replan_top_k: int = 0
+    plan_without_memory: bool = True  # False: mia writes no plan when /memory finds nothing
     reflect: bool = True
     baseline: BaselineMemory | None = None  # the baselines' memory
     planner_llm: Any = None  # expel / memento: the Planner's chat backend
@@ -140,7 +141,13 @@ class FlowContext:
         if p.planner:
             assert self.memory is not None
             top_k = self.top_k if p.retrieve else 0
-            return RemotePlanner(self.memory, top_k, self.replan_top_k, skip_empty=True)
+            return RemotePlanner(
+                self.memory,
+                top_k,
+                self.replan_top_k,
+                skip_empty=True,
+                require_memory=p.retrieve and not self.plan_without_memory,
+            )
         if p.retrieve:
             assert self.memory is not None
             return GuidePlanner(self.memory, self.top_k)

@@ -179,7 +179,9 @@ class ConversationPlanner:
 class RemotePlanner:
     """The Planner behind memory_serve: ``/plan`` (memories retrieved there), ``/judge_replan``,
     ``/replan``. ``top_k``: memories per kind for the plan (0: none, the ``plan_only`` mode;
-    None: the service's default); ``replan_top_k``: for the replan (0, as the reference)."""
+    None: the service's default); ``replan_top_k``: for the replan (0, as the reference).
+    ``require_memory``: ask ``/memory`` first and write no plan when it finds nothing (the
+    Executor then answers alone and nothing is reflected on, as in ``none``)."""
 
     reflects = True
 
@@ -190,11 +192,13 @@ class RemotePlanner:
         replan_top_k: int = 0,
         *,
         skip_empty: bool = False,
+        require_memory: bool = False,
     ) -> None:
         self.memory = memory
         self.top_k = top_k
         self.replan_top_k = replan_top_k
         self.skip_empty = skip_empty
+        self.require_memory = require_memory and top_k != 0
         self.name = "remote"
 
     async def _step(
@@ -213,6 +217,8 @@ class RemotePlanner:
 
     async def plan(self, run: PlannerRun) -> bool:
         t = run.task
+        if self.require_memory and not (await retrieve(self.memory, run, self.top_k))[1]:
+            return True  # nothing similar remembered: no plan
         out = await self._step(
             run,
             self.memory.plan(
