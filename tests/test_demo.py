@@ -108,9 +108,12 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     # The Manager is a local model: memories are rule summaries (memory_compress=auto), in the
     # policies' store and the TTRL pass's alike.
     assert "  memory compression: rules (memory_compress=auto)" in lines
+    assert "  cold-start plans by the Manager: off (cold_start=auto)" in lines
     for store in ("memory_serve_llm", "memory_serve_ttrl"):
         log = (out / "services" / "logs" / f"{store}.log").read_text()
         assert "compress=rules" in log and "compress=llm" not in log, store
+        # ... retrieved by question template (memory_retrieval's default)
+        assert "embedder all-MiniLM-L6-v2+template" in log, store
     # The tiny model is not the embedded one: no warm start, no SmolLM2 note.
     assert not any("SmolLM2" in line or "warm-started" in line for line in lines)
     summary = json.loads((out / "summary.json").read_text())

@@ -158,6 +158,13 @@ class DemoConfig:
         "summary, and the warm Planner learnt from rule summaries, mia.apps.planner_gold), "
         "llm when it is an endpoint (--manager-url) | llm | rules",
     )
+    cold_start: str = option(
+        "auto",
+        "memory_serve planner.cold_start: with fewer than top_k positives or negatives the "
+        "Manager writes the plan (reference). auto = off when the Manager is a local model "
+        "(the raw SmolLM2 echoes its prompt; the warm Planner learnt to plan from 0-2 "
+        "memories), on when it is an endpoint (--manager-url) | true | false",
+    )
     memory_retrieval: dict[str, Any] = option(
         {"key": "template", "min_similarity": 0.9},
         "memory_serve store.retrieval keys of every store: memories are retrieved by question "
@@ -192,6 +199,8 @@ class DemoConfig:
         precision.normalise(self.local_dtype)  # raises on an unknown spelling
         if self.memory_compress not in ("auto", "llm", "rules"):
             raise MiaError("demo config: memory_compress must be auto, llm or rules")
+        if str(self.cold_start).lower() not in ("auto", "true", "false"):
+            raise MiaError("demo config: cold_start must be auto, true or false")
         unknown = sorted(set(self.local_roles) - set(ROLES))
         if unknown:
             raise MiaError(f"demo config: local_roles has unknown role(s) {unknown}")
@@ -591,11 +600,14 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         _say("  note: the Planner runs on an endpoint: TTRL trains a local Planner, skipped")
         ttrl = False
 
+    # A local Manager is the raw embedded model: it neither summarises nor plans usefully.
+    local_manager = role_llm_dict(str(llm_yaml), "manager")["backend"] == "local"
     compress = cfg.memory_compress
     if compress == "auto":
-        compress = (
-            "rules" if role_llm_dict(str(llm_yaml), "manager")["backend"] == "local" else "llm"
-        )
+        compress = "rules" if local_manager else "llm"
+    cold_start = str(cfg.cold_start).lower()
+    if cold_start == "auto":
+        cold_start = "false" if local_manager else "true"
     memory_dbs: dict[str, Path] = {}
     if any(spec(p).needs_memory and p != "rag" for p in cfg.policies):
         memory_dbs["llm"] = out / "memory.sqlite"
@@ -608,6 +620,10 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     _say(f"[4/{stages}] services on loopback (local_search, serve, memory_serve)")
     if memory_dbs.keys() - {"identity"}:
         _say(f"  memory compression: {compress} (memory_compress={cfg.memory_compress})")
+        _say(
+            f"  cold-start plans by the Manager: {'on' if cold_start == 'true' else 'off'} "
+            f"(cold_start={cfg.cold_start})"
+        )
     ttrl_rows: list[dict[str, Any]] = []
     ttrl_results: dict[str, Any] = {}
     with ServiceGroup(work, log_fn=_say) as group:
@@ -626,6 +642,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
                         f"store.retrieval.{k}={'null' if v is None else v}"
                         for k, v in cfg.memory_retrieval.items()
                     ),
+                    f"planner.cold_start={cold_start}",
                     *cfg.memory_overrides,
                 ],
                 compress_mode=compress,
