@@ -408,3 +408,20 @@ def test_schema_defaults_are_what_the_yaml_files_said() -> None:
     assert demo.world.seed == 1 and demo.memory_overrides == ["compress.on_empty=trace"]
     assert demo.warm_start.sampling["executor"] == {"max_tokens": 192, "presence_penalty": 0.0}
     assert dataclasses.asdict(demo.judge)["mode"] == "em"
+
+
+def test_demo_keeps_a_local_manager_out_of_the_memory_loop() -> None:
+    """memory_compress / cold_start ``auto``: rule summaries and Planner-only plans when the
+    Manager is the local embedded model; the Manager's summaries and cold-start plans (the
+    reference) when it is an endpoint; explicit values win either way."""
+    from mia.apps.demo import DemoConfig, manager_choices
+
+    cfg = DemoConfig()
+    assert (cfg.memory_compress, cfg.cold_start) == ("auto", "auto")
+    assert manager_choices(cfg, local_manager=True) == ("rules", "false")
+    assert manager_choices(cfg, local_manager=False) == ("llm", "true")
+    cfg.memory_compress, cfg.cold_start = "llm", True  # type: ignore[assignment]
+    assert manager_choices(cfg, local_manager=True) == ("llm", "true")
+    cfg.cold_start = "sometimes"
+    with pytest.raises(MiaError, match="cold_start must be auto, true or false"):
+        cfg.validate()

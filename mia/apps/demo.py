@@ -600,14 +600,8 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         _say("  note: the Planner runs on an endpoint: TTRL trains a local Planner, skipped")
         ttrl = False
 
-    # A local Manager is the raw embedded model: it neither summarises nor plans usefully.
     local_manager = role_llm_dict(str(llm_yaml), "manager")["backend"] == "local"
-    compress = cfg.memory_compress
-    if compress == "auto":
-        compress = "rules" if local_manager else "llm"
-    cold_start = str(cfg.cold_start).lower()
-    if cold_start == "auto":
-        cold_start = "false" if local_manager else "true"
+    compress, cold_start = manager_choices(cfg, local_manager)
     memory_dbs: dict[str, Path] = {}
     if any(spec(p).needs_memory and p != "rag" for p in cfg.policies):
         memory_dbs["llm"] = out / "memory.sqlite"
@@ -702,6 +696,19 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     }
     atomic_write_text(out / "demo.json", json.dumps(record, indent=2, default=str) + "\n")
     _report(result, summaries, rows, ttrl_results, elapsed, raw_embedded)
+
+
+def manager_choices(cfg: DemoConfig, local_manager: bool) -> tuple[str, str]:
+    """``(compress.mode, planner.cold_start)`` for memory_serve: ``auto`` keeps the Manager
+    out of the loop when it is a local model (the raw embedded SmolLM2 neither summarises nor
+    plans usefully) and uses it, as the reference does, when it is an endpoint."""
+    compress = cfg.memory_compress
+    if compress == "auto":
+        compress = "rules" if local_manager else "llm"
+    cold_start = str(cfg.cold_start).lower()
+    if cold_start == "auto":
+        cold_start = "false" if local_manager else "true"
+    return compress, cold_start
 
 
 def _report(
