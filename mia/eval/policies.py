@@ -13,6 +13,9 @@
 | `expel`     | Planner reading insights + examples | yes                | insight list edits, experience pool |
 | `memento`   | meta-Planner reading correct/incorrect plans | yes       | case (question, plan, reward) |
 
+With ``memory.plan_without_memory=false`` a ``mia`` question for which ``/memory`` finds nothing
+gets no plan and runs as ``none`` (the demo's choice, with template retrieval above a floor).
+
 The five memory baselines (:mod:`mia.baselines`, docs/baselines.md) run in the harness's own
 process on a SQLite file in the policy's run folder, behind the same two calls MIA's memory has
 (retrieve for a question, write a finished judged trajectory); they need no memory_serve. Their
