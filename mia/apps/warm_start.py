@@ -157,6 +157,11 @@ class WarmStartConfig(SftConfig):
         cfg.gold_world = config_from_dict(GoldWorldConfig, gold).validate()
         return cfg
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The data fingerprint of this recipe (:func:`data_fingerprint`): part of its cache key
+        and of the marker of every model folder made from it."""
+        return data_fingerprint(self.gold_world.planner_memory)
+
     def sft(self) -> SftConfig:
         """The SFT part (what :func:`mia.rl.sft.train_sft` runs once the gold is built)."""
         return SftConfig(**{f.name: getattr(self, f.name) for f in fields(SftConfig)})
@@ -398,12 +403,10 @@ def warm_recipe(role: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
 
 def recipe_key(recipe: Mapping[str, Any], base: Mapping[str, Any]) -> str:
     """The cache key: recipe (minus run location/logging) + data version + base model."""
-    full = WarmStartConfig.from_dict(
-        dict(recipe)
-    ).to_dict()  # defaults filled: a no-op edit keeps it
+    parsed = WarmStartConfig.from_dict(dict(recipe))
+    full = parsed.to_dict()  # defaults filled: a no-op edit keeps it
     semantic = {k: v for k, v in full.items() if k not in NOT_RECIPE and k != "model_path"}
-    data = data_fingerprint(bool(full["gold_world"]["planner_memory"]))
-    return _sha({"recipe": semantic, "data": data, "base": dict(base)})[:16]
+    return _sha({"recipe": semantic, "data": parsed.fingerprint(), "base": dict(base)})[:16]
 
 
 def warm_cache_dir(role: str, key: str, home: str | Path | None = None) -> Path:
@@ -589,8 +592,7 @@ def warm_role_dir(
         adapter = shipped_adapter(role, key) if shipped and not force else None
         if adapter is not None:
             try:
-                memory = WarmStartConfig.from_dict(cfg).gold_world.planner_memory
-                data = data_fingerprint(memory)
+                data = WarmStartConfig.from_dict(cfg).fingerprint()
                 _from_adapter(role, adapter, base, key, target, data, emit)
                 return target
             except MiaError as err:  # e.g. a base model built differently here: train instead
@@ -645,7 +647,7 @@ def _build(
                 "key": key,
                 "base": str(base),
                 "base_fingerprint": base_fingerprint(base),
-                "data": data_fingerprint(recipe.gold_world.planner_memory),
+                "data": recipe.fingerprint(),
                 "source": "trained",
                 "steps": result.steps,
                 "val_loss_start": result.val_loss_start,
