@@ -220,6 +220,40 @@ def test_policy_mia_plans_reflects_and_writes_memory(stack: dict[str, Any], tmp_
     assert s["reflected"] == sum(r["need_replan"] is not None for r in rows)
 
 
+def test_parallel_policies_run_their_lanes_at_the_same_time(
+    stack: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``parallel_policies``: none, plan_only and mia (three lanes) are in flight together; the
+    memory policy still sees only its own writes, and the results keep the configured order."""
+    import asyncio
+
+    from mia.eval import harness
+
+    events: list[tuple[str, str]] = []
+    real = harness.run_policy
+
+    async def recorded(items: Any, policy: str, *args: Any, **kwargs: Any) -> Any:
+        events.append(("start", policy))
+        await asyncio.sleep(0.2)  # every lane starts before the fastest can finish
+        try:
+            return await real(items, policy, *args, **kwargs)
+        finally:
+            events.append(("end", policy))
+
+    monkeypatch.setattr(harness, "run_policy", recorded)
+    cfg = cfg_for(stack, "policies=[none,plan_only,mia]", "workers=1", "limit=3",
+                  "parallel_policies=true")  # fmt: skip
+    result = run_eval(cfg, endpoints(stack), tmp_path, progress=False)
+    assert [kind for kind, _ in events[:3]] == ["start"] * 3
+    assert [r.policy for r in result.policies] == ["none", "plan_only", "mia"]
+    by = {r.policy: r for r in result.policies}
+    assert all(row["error"] is None for r in result.policies for row in r.rows)
+    assert by["mia"].summary["memories_written"] == 3 and memory_count(stack["memory"]) == 3
+    mia_ids = {row["id"] for row in by["mia"].rows}
+    assert all(set(row["used_memory_from"]) <= mia_ids for row in by["mia"].rows)
+    assert all(row["used_memory_ids"] == [] for row in by["plan_only"].rows)
+
+
 def test_policy_plan_only_uses_no_memory(stack: dict[str, Any], tmp_path: Path) -> None:
     before = memory_count(stack["memory"])
     cfg = cfg_for(stack, "policies=[plan_only]", "workers=2", "limit=2")

@@ -121,10 +121,11 @@ def test_flow_states_without_a_planner_and_without_a_replan() -> None:
 
     run = asyncio.run(PlannerFlow(SaysNo(), Executor(), FlowConfig()).run(Task(question="q")))
     assert run.states == [s.value for s in (State.PLAN, State.EXECUTE, State.REFLECT)]
+    assert run.record.reflected
     run = asyncio.run(
         PlannerFlow(SaysNo(), Executor(), FlowConfig(reflect=False)).run(Task(question="q"))
     )
-    assert run.states == ["plan", "execute"]
+    assert run.states == ["plan", "execute"] and not run.record.reflected
 
 
 def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:

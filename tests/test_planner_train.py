@@ -157,6 +157,48 @@ def test_one_planner_grpo_step_through_real_services(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints" / "global_step_1" / "COMPLETE").is_file()
 
 
+def test_planner_rollout_without_reflection_trains_on_the_plan_only(tmp_path: Path) -> None:
+    """``episode.reflect=false`` (the demo's TTRL): plan -> serve /execute -> done. The response
+    is the plan alone, and the reward reads no decision: a wrong answer with a well-formed plan
+    scores the format point only (0.05), never the decision's."""
+    model = build_tiny_model(tmp_path / "model")
+    data = tmp_path / "train.jsonl"
+    rows = [{"id": f"p{i}", "question": q, "answer": a, "memories_context": "none"}
+            for i, (q, a) in enumerate(GOLD.items())]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = build_tokenizer()
+    gen = ScriptedGenerator(tok, PlannerScript())
+    with executor_service(executor_reply) as (serve_url, executor):
+        cfg = load_config(
+            "default",
+            [
+                f"model_path={model}",
+                f"data.train={data}",
+                f"services.executor_url={serve_url}",
+                "services.memory_url=null",
+                "episode.reflect=false",
+                "trainer.batch_size=2",
+                "trainer.n=2",
+                "trainer.total_steps=1",
+                "trainer.rollout_errors=raise",
+                f"trainer.run_dir={tmp_path / 'run'}",
+                "trainer.logging.console=false",
+            ],
+        )
+        trainer = build_trainer(cfg, generator=gen)
+        seen = record_rewards(trainer)
+        (m,) = trainer.fit()
+    assert [score for _, _, score, _ in seen] == [0.05] * 4
+    for _, r, _, extras in seen:
+        assert r.states == ["plan", "execute"] and r.decision_raw == "" and not r.record.reflected
+        assert (extras["format"], extras["decision"], extras["format_issues"]) == (1.0, 0.0, [])
+        assert [(k, mask) for k, mask, _ in planner_segments(r)] == [("assistant", 1)]
+        assert [msg["role"] for msg in r.messages] == ["system", "user", "assistant"]
+        assert sum(r.response_mask) == len(r.response_ids)  # every response token is the plan
+    assert len(executor.calls) == 4 and all(len(c["messages"]) == 2 for c in executor.calls)
+    assert m["reward/groups_all_equal"] == 1.0
+
+
 def test_plan_prompt_over_the_budget_is_a_clear_error() -> None:
     gen = ScriptedGenerator(build_tokenizer(), lambda _p: "never called")
     episode = PlannerEpisode(ExecutorClient("http://127.0.0.1:9"), None, {"max_context": 64})

@@ -360,6 +360,27 @@ def test_planner_without_replan_ignores_answer_final_and_judges_once() -> None:
     ]
 
 
+def test_planner_reward_without_reflection_scores_no_decision() -> None:
+    """A rollout that ended at the Executor's answer (``episode.reflect=false``): the format
+    rule reads the plan only and the decision term is 0, right or wrong."""
+    rec = planner_record("", "Paris")
+    rec.reflected = False
+    got, extras = run(planner_reward(rec, ["Paris"], RULES))
+    assert got == approx(0.7 + 0.2 + 0.05)
+    assert (extras["format"], extras["decision"], extras["format_issues"]) == (1.0, 0.0, [])
+    rec = planner_record("", "Lyon")
+    rec.reflected = False
+    rec.plan = "<think>1. plan"
+    got, extras = run(planner_reward(rec, ["Paris"], RULES))
+    assert got == 0.0 and extras["format_issues"] == ["unbalanced <think> tags in the plan"]
+    # The same record as a reflecting one: the empty decision is a format issue.
+    rec.reflected = True
+    assert (
+        planner_format(rec)[1][0]
+        == "decision must be exactly 'yes' or 'no' after its reasoning, got ''"
+    )
+
+
 def test_planner_format_issues() -> None:
     rec = planner_record("<think>hmm\nyes", "Lyon", "Paris", "<think>replan")
     rec.plan = "</think>1. plan"

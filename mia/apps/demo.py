@@ -150,7 +150,7 @@ class DemoConfig:
         "is ~60x slower); mia.precision",
     )
     agent: dict[str, Any] = option({"max_turns": 4}, "serve's agent section (configs/agent/ keys)")
-    threads: int | None = option(None, "torch threads per LLM service; null = half the cores")
+    threads: int | None = option(None, "torch threads per LLM service; null = every core")
     memory_compress: str = option(
         "auto",
         "how memory_serve compresses a trajectory (not the rag store: raw traces): auto = "
@@ -441,7 +441,13 @@ def run_ttrl_stage(
         nogt_method=cfg.ttrl.nogt_method,
         batch_size=cfg.ttrl.batch_size,
         n=cfg.ttrl.n,
-        overrides=[*([f"judge.mode={judge_mode}"] if judge_mode else []), *cfg.ttrl.overrides],
+        overrides=[
+            *([f"judge.mode={judge_mode}"] if judge_mode else []),
+            # The pass follows the policies' flow: without reflection a rollout is the plan
+            # prompt and the plan (about 2x fewer tokens to train on, no decision or replan).
+            f"episode.reflect={str(cfg.reflect).lower()}",
+            *cfg.ttrl.overrides,
+        ],
     )
     row = ttrl_summary(result.rows, len(items), time.perf_counter() - started)
     return {**row, "policy": ttrl_name(mode)}, result

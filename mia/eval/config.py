@@ -105,6 +105,11 @@ class EvalConfig:
     )
     batch_size: int = option(8, "batched order: questions per frozen-memory batch")
     workers: int = option(4, "questions in flight at once")
+    parallel_policies: bool = option(
+        False,
+        "run policies that share no memory store at the same time (each with its own workers): "
+        "a local LLM decodes their requests in one batch. Policies on one store keep their order",
+    )
     reflect: bool = option(True, "planner policies: /judge_replan, then at most one /replan")
     memory: MemoryOptions = section(MemoryOptions, "memory retrieval and clearing")
     judge: JudgeConfig = section(

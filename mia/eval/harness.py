@@ -506,6 +506,26 @@ def open_baseline(policy: str, cfg: EvalConfig, run_dir: Path) -> tuple[Any, Any
 # ----------------------------------------------------------------------------- all policies
 
 
+def policy_lanes(policies: list[str], endpoints: Endpoints) -> list[list[str]]:
+    """Policies that may run at the same time, each lane running its policies one after
+    another: the policies that read or write one memory_serve store share a lane (in their
+    order: each clears and fills the store); the others (no memory, a Planner without memories,
+    a baseline's memory of its own) get a lane each.
+
+    >>> policy_lanes(["none", "plan_only", "rag", "mia", "mem0"], Endpoints("s", "m"))
+    [['none'], ['plan_only'], ['rag', 'mia'], ['mem0']]
+    >>> policy_lanes(["rag", "mia"], Endpoints("s", "m", memory_by_policy={"rag": "r"}))
+    [['rag'], ['mia']]
+    """
+    lanes: dict[str, list[str]] = {}
+    for policy in policies:
+        p = spec(policy)
+        shared = (p.retrieve or p.writes) and not p.baseline
+        key = f"store:{endpoints.memory_for(policy)}" if shared else policy
+        lanes.setdefault(key, []).append(policy)
+    return list(lanes.values())
+
+
 def run_eval(
     cfg: EvalConfig,
     endpoints: Endpoints,
@@ -527,24 +547,30 @@ def run_eval(
         items = load_items(cfg, require_answer=needs_golds)
     judge = build_eval_judge(cfg)
 
+    async def lane(policies: list[str]) -> list[PolicyResult]:
+        return [
+            await run_policy(
+                items,
+                policy,
+                cfg,
+                endpoints,
+                judge,
+                out / policy,
+                restart=restart,
+                progress=progress,
+                log_fn=log_fn,
+            )
+            for policy in policies
+        ]
+
     async def all_policies() -> list[PolicyResult]:
         # One event loop for every policy: LLM judge clients stay on the loop they started on.
-        done = []
-        for policy in cfg.policies:
-            done.append(
-                await run_policy(
-                    items,
-                    policy,
-                    cfg,
-                    endpoints,
-                    judge,
-                    out / policy,
-                    restart=restart,
-                    progress=progress,
-                    log_fn=log_fn,
-                )
-            )
-        return done
+        if not cfg.parallel_policies:
+            return await lane(list(cfg.policies))
+        lanes = policy_lanes(cfg.policies, endpoints)
+        done = await asyncio.gather(*(lane(ps) for ps in lanes))
+        by_name = {r.policy: r for results in done for r in results}
+        return [by_name[p] for p in cfg.policies]
 
     results = asyncio.run(all_policies())
     summary_path, table_path, plot_path, table = write_report(

@@ -237,10 +237,13 @@ def service_group(
 
 
 def default_threads() -> int:
-    """Torch threads per LLM service: half the cores, so the Executor and the Manager each get
-    a share instead of oversubscribing (on a busy 2-core VM SmolLM2 decoded 15 tokens/s with
-    one thread and 3 with two: spinning OpenMP threads lose to contention)."""
-    return max(1, (os.cpu_count() or 2) // 2)
+    """Torch threads per LLM service: every core. The services mostly work in turn (the
+    Planner plans, then the Executor runs), and their OpenMP threads wait passively
+    (:func:`thread_env`), so a service alone gets the whole machine. Measured with
+    ``mia demo --no-ttrl`` on 2 cores (float32): none + plan_only + mia took 231 s with one
+    thread per service, 180 s with two (docs/results.md, "Demo time"). Spinning threads were
+    what collapsed throughput before (15 tokens/s with one thread, 3 with two)."""
+    return max(1, os.cpu_count() or 1)
 
 
 def thread_env(threads: int) -> dict[str, str]:

@@ -9,6 +9,7 @@ every generation keeps its sampled ids and log-probs), so it is never re-tokenis
 2. assistant: the plan                                            -> mask 1
    ... the frozen Executor runs it (serve ``/execute``)
 3. user: reflection prompt with the Executor's trace              -> mask 0
+   (``episode.reflect=false`` ends the rollout before this turn)
 4. assistant: yes / no (replan?)                                  -> mask 1
 5. if yes: user: replan prompt                                    -> mask 0
 6.         assistant: the supplementary plan                      -> mask 1
@@ -54,6 +55,13 @@ class PlannerEpisodeConfig:
     min_generation_tokens: int = field(
         default=8, metadata={"help": "a turn that cannot get this many tokens ends the episode"}
     )
+    reflect: bool = field(
+        default=True,
+        metadata={
+            "help": "ask for the reflection turn (false: the rollout ends at the Executor's "
+            "answer, as evaluation with reflect=false; no decision is scored)"
+        },
+    )
     judge_trace_max_chars: int | None = field(
         default=20000, metadata={"help": "the Executor trace in the reflection turn, cut to this"}
     )
@@ -94,7 +102,9 @@ class PlannerEpisodeConfig:
 
     def flow(self) -> FlowConfig:
         return FlowConfig(
-            max_replans=self.max_replans, judge_trace_max_chars=self.judge_trace_max_chars
+            reflect=self.reflect,
+            max_replans=self.max_replans,
+            judge_trace_max_chars=self.judge_trace_max_chars,
         )
 
 

@@ -203,6 +203,7 @@ class PlannerRun:
             replanned=self.replanned,
             question=self.question,
             trace_first=str(first.get("trace", "")),
+            reflected=State.REFLECT.value in self.states,
             trace_final=format_trace(self.question, self.executor_history())
             if self.replanned
             else "",

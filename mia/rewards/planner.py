@@ -42,6 +42,9 @@ class PlannerEpisodeRecord:
     # Executor traces (mia.trace format): what the no-ground-truth panel reads.
     trace_first: str = ""
     trace_final: str = ""
+    # False: the flow ended at the Executor's answer (reflection off, ``episode.reflect=false``):
+    # there is no decision, so neither the format rule nor the decision score reads one.
+    reflected: bool = True
 
     @property
     def final_answer(self) -> str:
@@ -93,12 +96,13 @@ DECISIONS = ("yes", "no")
 
 
 def planner_format(record: PlannerEpisodeRecord) -> tuple[float, list[str]]:
-    """``(1.0 | 0.0, issues)`` by the §7.2 format rule."""
+    """``(1.0 | 0.0, issues)`` by the §7.2 format rule (the decision only when there was one)."""
     issues: list[str] = []
     said = text_after_think(record.decision).strip().lower()
-    if said not in DECISIONS:
+    if record.reflected and said not in DECISIONS:
         issues.append(f"decision must be exactly 'yes' or 'no' after its reasoning, got {said!r}")
-    for name, text in (("plan", record.plan), ("decision", record.decision)):
+    turns = (("plan", record.plan), ("decision", record.decision))
+    for name, text in turns if record.reflected else turns[:1]:
         if not tags_balanced(text, "think"):
             issues.append(f"unbalanced <think> tags in the {name}")
     if record.replan is not None and not tags_balanced(record.replan, "think"):
@@ -125,7 +129,8 @@ async def planner_reward(
         final = first
     format_score, issues = planner_format(record)
     asked_replan = parse_decision(record.decision)
-    decision = 1.0 if asked_replan != first.correct else 0.0
+    # Without a reflection nothing was decided: the term is 0 for every rollout of the group.
+    decision = 1.0 if record.reflected and asked_replan != first.correct else 0.0
     score = (
         c.acc_final_weight * final.acc
         + c.acc_first_weight * first.acc
