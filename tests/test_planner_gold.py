@@ -37,23 +37,52 @@ def test_convention_targets_follow_the_memories(rows: list[dict]) -> None:
     assert conventions and len({r["relation"] for r in conventions}) >= 3
     for r in rows:
         prompt = r["planner_messages"][1]["content"]
-        assert EMPTY_MEMORY not in prompt and "Judgement: correct" in prompt
+        assert EMPTY_MEMORY not in prompt and "- Judgement: " in prompt
         assert not any(t in r["id"] for t in HELD_OUT_TEMPLATES)
     readings_seen: dict[str, set[str]] = {}
     for r in conventions:
         prompt, reply = r["planner_messages"][1]["content"], r["planner_messages"][2]["content"]
         pos, neg = _blocks(prompt)
         think, plan = reply.split("</think>")
-        # The reason names the positive's fact and the one to look for; the plan reads it.
-        wanted = think.split("so I will look for ")[1].rstrip(".\n")
+        # The reason names the positive's fact (or that none succeeded) and the one to look
+        # for; the plan reads it.
+        wanted = think.split("so I will look for ")[1].removesuffix(".\n").removesuffix(" instead")
         fact = wanted.split(" of ")[0].split(" where ")[0].split(" in which ")[0]
         assert fact in plan
-        assert "So " + fact in pos or fact.replace("the ", "So the ", 1) in pos
+        if "Judgement: correct" in pos:
+            assert "So " + fact in pos or fact.replace("the ", "So the ", 1) in pos
+        else:  # negatives only: the target is a fact the failure did not read
+            assert think.startswith("<think>\nNo similar question was answered correctly; ")
+            assert "None found." in pos and "Judgement: incorrect" in neg
         if "Judgement: incorrect" in neg:
             assert ("So " + fact) not in neg.split("Workflow Summary:")[1].split('-> "')[0]
         readings_seen.setdefault(r["question"].split(" ")[0:3][0], set()).add(fact)
     # the same wording is trained toward more than one reading: only the memories tell which
     assert any(len(v) > 1 for v in readings_seen.values())
+
+
+def test_about_half_of_the_chats_with_both_show_the_negatives_only(rows: list[dict]) -> None:
+    """What a Planner meets first for a new kind of question: failures only. Half of the chats
+    that had both kinds of memory (single hop, conventions) keep only the negatives, and their
+    reason says no similar question succeeded."""
+    from mia.apps.planner_gold import NEGATIVES_ONLY_RATE
+
+    both = neg_only = 0
+    for r in rows:
+        if r["type"] not in ("single_hop", "convention"):
+            continue
+        pos, neg = _blocks(r["planner_messages"][1]["content"])
+        reply = r["planner_messages"][2]["content"]
+        if "Judgement: correct" in pos and "Judgement: incorrect" in neg:
+            both += 1
+            assert reply.startswith("<think>\nA similar question was answered correctly")
+        elif "Judgement: incorrect" in neg:
+            neg_only += 1
+            assert "None found." in pos
+            assert reply.startswith("<think>\nNo similar question was answered correctly; ")
+            assert " instead.\n</think>" in reply
+    assert NEGATIVES_ONLY_RATE == 0.5 and both + neg_only >= 15  # 18 on this world
+    assert 0.25 < neg_only / (both + neg_only) < 0.75  # 10 of 18, a seeded draw
 
 
 def test_a_target_without_a_gold_plan_is_skipped(rows: list[dict], tmp_path, monkeypatch) -> None:

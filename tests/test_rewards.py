@@ -501,3 +501,12 @@ def test_nogt_vote_rewards() -> None:
     assert nogt_vote_rewards(["Lyon", "Paris"]) == [1.0, 0.0]  # tie: first seen wins
     assert nogt_vote_rewards(["", " "]) == [0.0, 0.0]
     assert nogt_vote_rewards([]) == []
+
+
+def test_the_wire_record_has_every_field_of_the_record() -> None:
+    """/compute_gt_reward's ``record`` and the dataclass the rewards read cannot drift apart."""
+    from dataclasses import fields
+
+    from mia.services.rewards import EpisodeRecord
+
+    assert set(EpisodeRecord.model_fields) == {f.name for f in fields(PlannerEpisodeRecord)}

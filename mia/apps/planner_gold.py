@@ -18,7 +18,10 @@ accumulate over the test stream.
 
 Other question types get positives of the same kind (same relation, same bridge chain, same
 comparison), single-hop questions also a negative that read another fact of the entity, and now
-and then an unrelated memory, as retrieval returns them.
+and then an unrelated memory, as retrieval returns them. Half of the chats that have both
+positives and negatives are shown with the negatives only (:data:`NEGATIVES_ONLY_RATE`): what a
+Planner meets first for a new kind of question, where the plan must read the fact the failure
+did not.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from mia.trace import rule_summary
 
 TYPES = ("single_hop", "bridge", "comparison", "convention")
 READINGS = {c.id: c.readings for c in CONVENTIONS}
+# Share of the chats with both positives and negatives (single hop, conventions) shown with the
+# negatives only: early in a test stream a new kind of question has only failures in memory,
+# and a Planner that never saw that case copied the failure's steps (docs/results.md, "Plans
+# from failures only"). The target still reads the right fact: the one the failure did not.
+NEGATIVES_ONLY_RATE = 0.5
 
 
 @dataclass
@@ -105,6 +113,8 @@ def planner_memory_examples(
     question gets ``convention_draws`` conversations (readings and memories drawn anew): it is
     the case where only the memories tell the answer."""
     rng = random.Random(f"planner-memory:{world.seed}:{seed}")
+    # Its own stream: the other chats are drawn as they were without negatives-only ones.
+    neg_only_rng = random.Random(f"planner-memory-negatives-only:{world.seed}:{seed}")
     questions = [q for q in world.split(split) if q.type in TYPES]
     # Every question under every reading it can have (conventions: all readings; single hop:
     # its own fact and one other), replayed for real so each workflow is a true transcript.
@@ -182,11 +192,14 @@ def planner_memory_examples(
                 break
         if not pos and not neg:
             continue
+        neg_only = bool(pos and neg) and neg_only_rng.random() < NEGATIVES_ONLY_RATE
         pos_mem = [_memory(ex, True) for ex in pos]
         if rng.random() < distractor_rate:  # retrieval also returns unrelated memories
             others = [ex for k, ex in done.items() if "~" not in k and ex.id != q.id]
             if others:
                 pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(others), True))
+        if neg_only:  # only the failure is in memory: plan for the fact it did not read
+            pos, pos_mem = [], []  # after the draws above: the other chats stay the same
         neg_mem = [_memory(ex, False) for ex in neg]
         try:
             plan = writer.plan(target)
@@ -224,10 +237,13 @@ def _reply(
             parts.append(
                 f"A similar question was answered correctly by finding {_fact(world, pos[0])}"
             )
+        else:
+            parts.append("No similar question was answered correctly")
         if neg:
             parts.append(f"a failed one found {_fact(world, neg[0])}")
         rel = target.relation.split(".", 1)[1]
-        parts.append(f"so I will look for {fact_phrase(world.entities[target.entity_ids[0]], rel)}")
+        look = fact_phrase(world.entities[target.entity_ids[0]], rel)
+        parts.append(f"so I will look for {look}" + ("" if pos else " instead"))
         why = "; ".join(parts)
     else:
         why = "A similar question was answered correctly; I will follow the same steps"

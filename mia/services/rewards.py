@@ -81,6 +81,7 @@ class EpisodeRecord(BaseModel):
     question: str = ""
     trace_first: str = ""
     trace_final: str = ""
+    reflected: bool = True  # false: no reflection turn, no decision to score
 
 
 class ComputeRewardRequest(BaseModel):
