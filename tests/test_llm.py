@@ -515,6 +515,53 @@ def test_local_prefix_cache_reuses_turns_and_equals_a_full_prefill(
     assert LocalChat(model=model, tokenizer=tok, prefix_cache_mb=64)._engine.prefix is None
 
 
+def test_local_reply_cache_answers_repeated_greedy_requests_only(
+    tiny: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """A greedy request repeated exactly (prompt ids, max_tokens, stops, penalty) gets the stored
+    reply without a batch; the reply equals the one the model decodes without any cache. Other
+    settings, sampled requests and new weights (exclusive) decode again."""
+    from mia.llm.local_backend import LocalChat
+    from mia.models.tiny import save_tiny
+
+    model, tok = tiny
+    folder = save_tiny(model, tok, tmp_path / "tiny")
+    plain = LocalChat(folder, dtype="float32")
+    cached = LocalChat(folder, dtype="float32", prefix_cache_mb=64)
+    msgs = [{"role": "user", "content": "question 7: where is the river?"}]
+    greedy = SamplingParams(max_tokens=12)
+    want = run(plain.chat(msgs, greedy))
+
+    first = run(cached.chat(msgs, greedy))
+    batches = cached.stats["batches"]
+    again = run(cached.chat(msgs, greedy))
+    assert cached.stats["reply_hits"] == 1
+    assert cached.stats["batches"] == batches  # answered without decoding
+    for got in (first, again):
+        assert (got.text, got.token_ids, got.finish_reason) == (
+            want.text, want.token_ids, want.finish_reason,
+        )  # fmt: skip
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4
+    again.token_ids.append(-1)  # a caller changing its copy does not change the store
+    assert run(cached.chat(msgs, greedy)).token_ids == want.token_ids
+    assert cached.stats["reply_hits"] == 2
+
+    # Another max_tokens, a sampled request (twice, same seed): decoded every time.
+    run(cached.chat(msgs, SamplingParams(max_tokens=5)))
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    a, b = run(cached.chat(msgs, sampled)), run(cached.chat(msgs, sampled))
+    assert a.token_ids == b.token_ids  # the seed makes the draw repeat, not the cache
+    assert cached.stats["reply_hits"] == 2
+    assert cached.stats["batches"] == batches + 3
+
+    with cached.exclusive():  # new weights: stored replies belong to the old ones
+        pass
+    run(cached.chat(msgs, greedy))
+    assert cached.stats["reply_hits"] == 2
+    assert cached.stats["batches"] == batches + 4
+    assert "reply_hits" not in plain.stats  # off with the prefix cache
+
+
 def test_prefix_cache_lru_budget_and_subsumption() -> None:
     """The store keeps at most max_bytes (least recently used out first), drops a sequence that
     a newer one extends, and leaves at least one token of a prompt to compute."""

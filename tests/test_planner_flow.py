@@ -175,3 +175,46 @@ def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:
         assert "How old is" not in plans[0]  # below the floor: not shown
         assert row["plan"] == "1. Guess the founder." and row["used_memory_ids"] == [2]
         assert "Here is a guide for your reference:\n1. Guess the founder." in prompts[-1]
+
+
+def test_mia_plans_only_where_memory_shows_a_failure(tmp_path: Path) -> None:
+    """``plan_without_failure=False``: a question whose similar memories are all successes runs
+    as ``none`` (no Planner call, no plan); once a similar question failed, the Planner plans
+    and sees both the success and the failure."""
+    plans: list[str] = []
+
+    def planner(messages: list[dict]) -> str:
+        plans.append(messages[-1]["content"])
+        return chat_planner(messages)
+
+    planner_llm = ScriptedChat(planner, name="planner")
+    overrides = ("store.retrieval.key=template", "store.retrieval.min_similarity=0.9")
+    with (
+        memory_service(tmp_path / "m.sqlite", planner_llm, planner_llm, overrides) as (url, svc),
+        executor_service(executor_reply) as (serve_url, _),
+    ):
+
+        async def ask() -> dict:
+            serve, memory = ExecutorClient(serve_url), MemoryClient(url)
+            ctx = FlowContext(
+                spec("mia"), serve, memory, RuleJudge(), reflect=False, plan_without_failure=False
+            )
+            row = await run_question(QAItem(id="q", question=QUESTION, answers=[ANSWER]), 0, ctx)
+            await serve.aclose()
+            await memory.aclose()
+            return row
+
+        row = asyncio.run(ask())  # an empty memory: no failure either
+        assert plans == [] and row["plan"] == "" and row["states"] == ["plan", "execute"]
+        svc.store.add(
+            NewMemory("Who founded Drelmar Academy?", "1. Search 'founded by'", "correct")
+        )
+        row = asyncio.run(ask())
+        assert plans == [] and row["plan"] == "" and row["planner_messages"] == []
+        svc.store.add(NewMemory("Who founded Kestrel Works?", "1. Search its age", "incorrect"))
+        row = asyncio.run(ask())
+        assert len(plans) == 1 and row["plan"] == "1. Guess the founder."
+        assert (
+            "Who founded Drelmar Academy?" in plans[0] and "Who founded Kestrel Works?" in plans[0]
+        )
+        assert sorted(row["used_memory_ids"]) == [1, 2]

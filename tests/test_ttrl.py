@@ -133,6 +133,11 @@ def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: 
         assert 0.0 <= row["accuracy"] <= 1.0
     assert [r["memories"] for r in result.rows] == sorted(r["memories"] for r in result.rows)
     assert result.rows[-1]["memories"] == len(records)
+    # Each row times the memory hooks it ran: batch 1's row was written after the resume,
+    # which ran only the hooks the kill had left (its bank save had landed).
+    hooks = ["bank_save", "evaluate", "consolidate", "save"]
+    assert [list(r["memory_seconds"]) for r in result.rows] == [hooks, hooks[1:], hooks]
+    assert all(v >= 0 for r in result.rows for v in r["memory_seconds"].values())
     last = [r for r in rollouts if r["step"] == 3]
     assert result.rows[2]["accuracy"] == sum(r["extras"]["acc_final"] for r in last) / 4
     # Outputs: the curve, the memory DB copy, a checkpoint per batch.

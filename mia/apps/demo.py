@@ -96,12 +96,15 @@ class TTRLChoice:
             "episode.decision_max_tokens=32",
             "episode.replan_max_tokens=128",
             "trainer.policy.optim.lr=1.0e-5",
-            "trainer.save_freq=1000",
+            "trainer.save_freq=-1",
             "trainer.old_logprobs=rollout",
+            "memory.evaluate=false",
         ],
-        "more configs/ttrl keys, sized for 2 CPU cores (save_freq 1000: one checkpoint, after "
-        "the last batch; old_logprobs=rollout: the in-process Planner's exact log-probs, "
-        "without a forward pass over every rollout, 43-68 s a batch)",
+        "more configs/ttrl keys, sized for 2 CPU cores (save_freq -1: no checkpoint, the "
+        "demo's adapted Planner is not kept, 1.7 GB and 7 s a run; old_logprobs=rollout: the "
+        "in-process Planner's exact log-probs, without a forward pass over every rollout, "
+        "43-68 s a batch; memory.evaluate=false: no /batch_evaluate selection-rule files, "
+        "which the demo does not show, 12-14 s a batch)",
     )
 
 
@@ -177,6 +180,12 @@ class DemoConfig:
         "mia: plan even when retrieval finds nothing similar (true); false = the Executor "
         "answers alone then, as in none: a plan from an empty memory is plan_only's, which "
         "costs this Executor accuracy (docs/results.md)",
+    )
+    plan_without_failure: bool = option(
+        False,
+        "mia: plan when similar memories are all successes (true); false = the Executor "
+        "answers alone then, as in none: the Planner plans where memory shows the Executor "
+        "failing (chosen on the dev world 9, docs/results.md)",
     )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],
@@ -544,6 +553,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
         judge=copy.deepcopy(cfg.judge),
     ).validate()
     eval_cfg.memory.plan_without_memory = cfg.plan_without_memory
+    eval_cfg.memory.plan_without_failure = cfg.plan_without_failure
     ttrl = cfg.ttrl.enabled
     stages = 6 if ttrl else 5
     names = ", ".join([*cfg.policies, *(["ttrl"] if ttrl else [])])

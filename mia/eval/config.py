@@ -41,6 +41,12 @@ class MemoryOptions:
         "store.retrieval.min_similarity) gets no plan and the Executor answers alone, as in "
         "none; plan_only is unaffected",
     )
+    plan_without_failure: bool = option(
+        True,
+        "mia: false = a question for which /memory finds no failed question (only successes, "
+        "or nothing) gets no plan and the Executor answers alone, as in none: plans where "
+        "memory shows the Executor failing; plan_only is unaffected",
+    )
     clear_on_start: bool = option(
         True,
         "a fresh run empties the memory first (the reference calls /clear_memory at start); "

@@ -441,6 +441,7 @@ async def run_policy(
             top_k=cfg.memory.top_k,
             replan_top_k=cfg.memory.replan_top_k,
             plan_without_memory=cfg.memory.plan_without_memory,
+            plan_without_failure=cfg.memory.plan_without_failure,
             reflect=cfg.reflect,
             baseline=baseline,
             planner_llm=planner_llm,

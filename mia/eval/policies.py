@@ -14,7 +14,9 @@
 | `memento`   | meta-Planner reading correct/incorrect plans | yes       | case (question, plan, reward) |
 
 With ``memory.plan_without_memory=false`` a ``mia`` question for which ``/memory`` finds nothing
-gets no plan and runs as ``none`` (the demo's choice, with template retrieval above a floor).
+gets no plan and runs as ``none`` (with template retrieval above a floor); with
+``memory.plan_without_failure=false`` (the demo's choice) so does one whose similar memories
+are all successes: the Planner writes plans where memory shows the Executor failing.
 
 The five memory baselines (:mod:`mia.baselines`, docs/baselines.md) run in the harness's own
 process on a SQLite file in the policy's run folder, behind the same two calls MIA's memory has
@@ -126,6 +128,7 @@ class FlowContext:
     top_k: int | None = None  # None: memory_serve's default
     replan_top_k: int = 0
     plan_without_memory: bool = True  # False: mia writes no plan when /memory finds nothing
+    plan_without_failure: bool = True  # False: ... when /memory finds no failed question
     reflect: bool = True
     baseline: BaselineMemory | None = None  # the baselines' memory
     planner_llm: Any = None  # expel / memento: the Planner's chat backend
@@ -150,6 +153,7 @@ class FlowContext:
                 self.replan_top_k,
                 skip_empty=True,
                 require_memory=p.retrieve and not self.plan_without_memory,
+                require_failure=p.retrieve and not self.plan_without_failure,
             )
         if p.retrieve:
             assert self.memory is not None

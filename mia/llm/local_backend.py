@@ -12,8 +12,12 @@ under us), the worker keeps the KV of recent prompts and replies and starts a ne
 its longest common prefix with any of them, as vLLM's automatic prefix caching does: an agent's
 fixed system prompt and its earlier turns are not computed again. Rows with different cached
 lengths are left-padded in the past and in the new part alike; positions count real tokens, so
-the logits are those of a full prefill up to float rounding. Loading weights in place
-(:meth:`LocalChat.exclusive`) empties the cache.
+the logits are those of a full prefill up to float rounding. The same cache keeps the replies of
+greedy text requests (temperature 0, at most ``MAX_REPLIES``): a request whose prompt ids and
+settings repeat one already answered gets that reply without decoding, the reply a deterministic
+engine would compute again (``mia eval``'s ``mia`` questions without a plan repeat ``none``'s
+requests exactly, turn by turn). Loading weights in place (:meth:`LocalChat.exclusive`) empties
+the cache.
 
 With ``repeat_stop`` > 0 a reply ends (finish reason ``length``: cut, not finished) once its last
 ``repeat_stop`` tokens are one short n-gram repeated (period <= a quarter of the window): a small
@@ -77,11 +81,22 @@ class _Output:
 
 
 MIN_PREFIX = 16  # shorter common prefixes are computed again: not worth a cache copy
+MAX_REPLIES = 4096  # greedy replies kept (token ids and logprobs: a few MiB at most)
+
+
+def reply_key(req: _Request) -> tuple[Any, ...] | None:
+    """What a greedy text reply depends on, or None for a request that samples (its reply is
+    a draw, never reused) or carries images."""
+    p = req.params
+    if p.temperature > 0 or req.multimodal:
+        return None
+    return (tuple(req.prompt_ids), p.max_tokens, tuple(p.stop or ()), p.presence_penalty)
 
 
 class PrefixCache:
     """LRU store of ``token ids -> per-layer (keys, values)`` ([heads, tokens, dim] each), at most
-    ``max_bytes``. Used by the batching worker thread only (no locking)."""
+    ``max_bytes``, and of the last ``MAX_REPLIES`` greedy replies (:func:`reply_key` ->
+    output). Used by the batching worker thread only (no locking)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -90,13 +105,35 @@ class PrefixCache:
         self._next = 0
         self.hits = 0  # prompts that reused a prefix
         self.reused_tokens = 0
+        self._replies: dict[tuple[Any, ...], _Output] = {}  # LRU order
+        self.reply_hits = 0  # requests answered from a stored reply
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def clear(self) -> None:
         self._entries.clear()
+        self._replies.clear()
         self.bytes = 0
+
+    def reply(self, key: tuple[Any, ...] | None) -> _Output | None:
+        """The stored reply for ``key`` (a copy: callers may keep it), or None."""
+        out = self._replies.pop(key, None) if key is not None else None
+        if out is None:
+            return None
+        self._replies[key] = out  # most recently used
+        self.reply_hits += 1
+        return replace(out, token_ids=list(out.token_ids), logprobs=list(out.logprobs))
+
+    def store_reply(self, key: tuple[Any, ...] | None, out: _Output) -> None:
+        if key is None:
+            return
+        self._replies.pop(key, None)
+        self._replies[key] = replace(
+            out, token_ids=list(out.token_ids), logprobs=list(out.logprobs)
+        )
+        while len(self._replies) > MAX_REPLIES:
+            del self._replies[next(iter(self._replies))]  # least recently used
 
     def lookup(self, ids: Any, torch: Any) -> tuple[int, list[tuple[Any, Any]] | None]:
         """The longest common prefix of ``ids`` (a 1-D long tensor) with a stored sequence,
@@ -295,6 +332,13 @@ class _Engine:
 
     def _serve(self, batch: list[_Request]) -> None:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if self.prefix is not None:  # greedy requests answered before: their stored replies
+            keys = [reply_key(r) for r in live]
+            stored = [self.prefix.reply(k) for k in keys]
+            for r, out in zip(live, stored, strict=True):
+                if out is not None:
+                    r.future.set_result(out)
+            live = [r for r, out in zip(live, stored, strict=True) if out is None]
         if not live:
             return
         self.batches += 1
@@ -310,6 +354,8 @@ class _Engine:
                 r.future.set_exception(error)
             return
         for r, out in zip(live, outputs, strict=True):
+            if self.prefix is not None:
+                self.prefix.store_reply(reply_key(r), out)
             r.future.set_result(out)
 
     def _generate(self, reqs: list[_Request]) -> list[_Output]:
@@ -672,6 +718,7 @@ class LocalChat:
         if e.prefix is not None:
             out["prefix_hits"] = e.prefix.hits
             out["prefix_tokens"] = e.prefix.reused_tokens  # prompt tokens not computed again
+            out["reply_hits"] = e.prefix.reply_hits  # greedy requests answered from the cache
         return out
 
     def with_options(

@@ -181,7 +181,9 @@ class RemotePlanner:
     ``/replan``. ``top_k``: memories per kind for the plan (0: none, the ``plan_only`` mode;
     None: the service's default); ``replan_top_k``: for the replan (0, as the reference).
     ``require_memory``: ask ``/memory`` first and write no plan when it finds nothing (the
-    Executor then answers alone and nothing is reflected on, as in ``none``)."""
+    Executor then answers alone and nothing is reflected on, as in ``none``);
+    ``require_failure``: likewise when it finds no failed question (memories that show only
+    successes say the Executor answers such questions alone)."""
 
     reflects = True
 
@@ -193,12 +195,14 @@ class RemotePlanner:
         *,
         skip_empty: bool = False,
         require_memory: bool = False,
+        require_failure: bool = False,
     ) -> None:
         self.memory = memory
         self.top_k = top_k
         self.replan_top_k = replan_top_k
         self.skip_empty = skip_empty
         self.require_memory = require_memory and top_k != 0
+        self.require_failure = require_failure and top_k != 0
         self.name = "remote"
 
     async def _step(
@@ -217,7 +221,13 @@ class RemotePlanner:
 
     async def plan(self, run: PlannerRun) -> bool:
         t = run.task
-        if self.require_memory and not (await retrieve(self.memory, run, self.top_k))[1]:
+        if self.require_failure:
+            found = await self.memory.memory(
+                t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=self.top_k
+            )
+            if not found.get("negative_ids"):
+                return True  # no similar question failed: no plan
+        elif self.require_memory and not (await retrieve(self.memory, run, self.top_k))[1]:
             return True  # nothing similar remembered: no plan
         out = await self._step(
             run,

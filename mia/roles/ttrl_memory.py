@@ -10,6 +10,7 @@ best correct and one incorrect rollout per question become memories, plus a plan
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -77,9 +78,19 @@ def commit_batch(
     save_path: str | None,
     crash: Callable[[str], None] = lambda _point: None,
 ) -> dict[str, Any]:
-    """Run the memory hooks for ``batch`` from where its journal says they stopped."""
+    """Run the memory hooks for ``batch`` from where its journal says they stopped; the
+    result carries the hooks' outputs and ``memory_seconds`` (seconds per hook run now)."""
     done = journal.phase_data(batch)
     out: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(hook: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[hook] = round(now - clock, 3)
+        clock = now
+
     for phase in ("evaluated", "consolidated"):
         if isinstance(done.get(phase), Mapping):
             out.update(done[phase])
@@ -94,6 +105,7 @@ def commit_batch(
             if payload["bank"]:
                 client.bank_save_sync(payload["bank"])
         journal.mark(batch, "bank_saved")
+        lap("bank_save")
         crash("after_bank_save")
     if "evaluated" not in done:
         info: dict[str, Any] = {}
@@ -102,6 +114,7 @@ def commit_batch(
             info["selected_accuracy"] = ev.get("accuracy", {})
         out.update(info)
         journal.mark(batch, "evaluated", info)
+        lap("evaluate")
     if "consolidated" not in done:
         if "consolidating" not in done or buffered() > 0:
             journal.mark(batch, "consolidating")
@@ -113,9 +126,11 @@ def commit_batch(
             info = {}
         out.update(info)
         journal.mark(batch, "consolidated", info)
+        lap("consolidate")
         crash("after_consolidate")
     if "saved" not in done:
         if save_path is not None:
             client.save_memory_sync(save_path)
         journal.mark(batch, "saved")
-    return out
+        lap("save")
+    return {**out, "memory_seconds": seconds}
