@@ -5,7 +5,10 @@ prompts, replies and state transitions -- evaluation cannot drift from training.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from role_fixtures import ScriptedGenerator, executor_service, memory_service, replan_of
 
@@ -128,17 +131,19 @@ def test_flow_states_without_a_planner_and_without_a_replan() -> None:
     assert run.states == ["plan", "execute"] and not run.record.reflected
 
 
-def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:
-    """``plan_without_memory=False`` with template retrieval above a floor: a question whose
-    memory holds only other kinds of question runs as ``none`` (no Planner call, no plan, no
-    reflection); once a question of its template is remembered, the Planner plans from it."""
+@contextlib.contextmanager
+def template_memory_stack(
+    tmp_path: Path, **flow: bool
+) -> Iterator[tuple[Any, Callable[[], dict], list[str], list[str]]]:
+    """memory_serve with template retrieval above a 0.9 floor (the demo's) and a scripted
+    Planner, a scripted Executor; yields (service, ask one question with the ``mia`` policy
+    and ``flow`` options, the Planner's prompts, the Executor's last user messages)."""
     plans: list[str] = []
+    prompts: list[str] = []
 
     def planner(messages: list[dict]) -> str:
         plans.append(messages[-1]["content"])
         return chat_planner(messages)
-
-    prompts: list[str] = []
 
     def executor_prompt(messages: list[dict]) -> str:
         prompts.append(messages[-1]["content"])
@@ -151,18 +156,24 @@ def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:
         executor_service(executor_prompt) as (serve_url, _),
     ):
 
-        async def ask() -> dict:
+        async def one() -> dict:
             serve, memory = ExecutorClient(serve_url), MemoryClient(url)
-            ctx = FlowContext(
-                spec("mia"), serve, memory, RuleJudge(), reflect=False, plan_without_memory=False
-            )
+            ctx = FlowContext(spec("mia"), serve, memory, RuleJudge(), reflect=False, **flow)
             row = await run_question(QAItem(id="q", question=QUESTION, answers=[ANSWER]), 0, ctx)
             await serve.aclose()
             await memory.aclose()
             return row
 
+        yield svc, lambda: asyncio.run(one()), plans, prompts
+
+
+def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:
+    """``plan_without_memory=False`` with template retrieval above a floor: a question whose
+    memory holds only other kinds of question runs as ``none`` (no Planner call, no plan, no
+    reflection); once a question of its template is remembered, the Planner plans from it."""
+    with template_memory_stack(tmp_path, plan_without_memory=False) as (svc, ask, plans, prompts):
         svc.store.add(NewMemory("How old is Vorlanic Institute?", "1. Search its age", "correct"))
-        row = asyncio.run(ask())
+        row = ask()
         assert plans == [] and row["plan"] == "" and row["used_memory_ids"] == []
         assert row["states"] == ["plan", "execute"] and row["planner_messages"] == []
         assert "Here is a guide" not in prompts[-1]
@@ -170,7 +181,7 @@ def test_mia_without_a_similar_memory_writes_no_plan(tmp_path: Path) -> None:
         svc.store.add(
             NewMemory("Who founded Drelmar Academy?", "1. Search 'founded by'", "correct")
         )
-        row = asyncio.run(ask())
+        row = ask()
         assert len(plans) == 1 and "Who founded Drelmar Academy?" in plans[0]
         assert "How old is" not in plans[0]  # below the floor: not shown
         assert row["plan"] == "1. Guess the founder." and row["used_memory_ids"] == [2]
@@ -181,38 +192,16 @@ def test_mia_plans_only_where_memory_shows_a_failure(tmp_path: Path) -> None:
     """``plan_without_failure=False``: a question whose similar memories are all successes runs
     as ``none`` (no Planner call, no plan); once a similar question failed, the Planner plans
     and sees both the success and the failure."""
-    plans: list[str] = []
-
-    def planner(messages: list[dict]) -> str:
-        plans.append(messages[-1]["content"])
-        return chat_planner(messages)
-
-    planner_llm = ScriptedChat(planner, name="planner")
-    overrides = ("store.retrieval.key=template", "store.retrieval.min_similarity=0.9")
-    with (
-        memory_service(tmp_path / "m.sqlite", planner_llm, planner_llm, overrides) as (url, svc),
-        executor_service(executor_reply) as (serve_url, _),
-    ):
-
-        async def ask() -> dict:
-            serve, memory = ExecutorClient(serve_url), MemoryClient(url)
-            ctx = FlowContext(
-                spec("mia"), serve, memory, RuleJudge(), reflect=False, plan_without_failure=False
-            )
-            row = await run_question(QAItem(id="q", question=QUESTION, answers=[ANSWER]), 0, ctx)
-            await serve.aclose()
-            await memory.aclose()
-            return row
-
-        row = asyncio.run(ask())  # an empty memory: no failure either
+    with template_memory_stack(tmp_path, plan_without_failure=False) as (svc, ask, plans, _):
+        row = ask()  # an empty memory: no failure either
         assert plans == [] and row["plan"] == "" and row["states"] == ["plan", "execute"]
         svc.store.add(
             NewMemory("Who founded Drelmar Academy?", "1. Search 'founded by'", "correct")
         )
-        row = asyncio.run(ask())
+        row = ask()
         assert plans == [] and row["plan"] == "" and row["planner_messages"] == []
         svc.store.add(NewMemory("Who founded Kestrel Works?", "1. Search its age", "incorrect"))
-        row = asyncio.run(ask())
+        row = ask()
         assert len(plans) == 1 and row["plan"] == "1. Guess the founder."
         assert (
             "Who founded Drelmar Academy?" in plans[0] and "Who founded Kestrel Works?" in plans[0]
