@@ -133,17 +133,18 @@ def test_flow_states_without_a_planner_and_without_a_replan() -> None:
 
 @contextlib.contextmanager
 def template_memory_stack(
-    tmp_path: Path, **flow: bool
+    tmp_path: Path, plan: str = PLAN, **flow: bool
 ) -> Iterator[tuple[Any, Callable[[], dict], list[str], list[str]]]:
     """memory_serve with template retrieval above a 0.9 floor (the demo's) and a scripted
-    Planner, a scripted Executor; yields (service, ask one question with the ``mia`` policy
-    and ``flow`` options, the Planner's prompts, the Executor's last user messages)."""
+    Planner writing ``plan``, a scripted Executor; yields (service, ask one question with the
+    ``mia`` policy and ``flow`` options, the Planner's prompts, the Executor's last user
+    messages)."""
     plans: list[str] = []
     prompts: list[str] = []
 
     def planner(messages: list[dict]) -> str:
         plans.append(messages[-1]["content"])
-        return chat_planner(messages)
+        return plan if len(messages) <= 2 else chat_planner(messages)
 
     def executor_prompt(messages: list[dict]) -> str:
         prompts.append(messages[-1]["content"])
@@ -207,3 +208,31 @@ def test_mia_plans_only_where_memory_shows_a_failure(tmp_path: Path) -> None:
             "Who founded Drelmar Academy?" in plans[0] and "Who founded Kestrel Works?" in plans[0]
         )
         assert sorted(row["used_memory_ids"]) == [1, 2]
+
+
+def test_mia_drops_a_plan_that_names_a_memory_entity(tmp_path: Path) -> None:
+    """``drop_leaked_plans=True``: a plan about a remembered question's entity (not the one
+    asked) is not used -- the Executor answers alone, the plan is noted in planner_errors; a plan
+    about the question's own entity is kept, and so is every plan by default."""
+    leaky = "1. Search 'Kestrel Works founded by'.\n2. Answer with the founder."
+    failure = NewMemory("Who founded Kestrel Works?", "1. Search its age", "incorrect")
+    with template_memory_stack(tmp_path, leaky, drop_leaked_plans=True) as (svc, ask, _, prompts):
+        svc.store.add(failure)
+        row = ask()
+        assert row["plan"] == "" and row["used_memory_ids"] == []
+        assert row["planner_messages"] == [] and row["states"] == ["plan", "execute"]
+        (note,) = row["planner_errors"]
+        assert (
+            note.startswith("plan dropped: it names Kestrel Works of a memory")
+            and leaky[:9] in note
+        )
+        assert "Here is a guide" not in prompts[-1]
+    own = "1. Search 'Vorlanic Institute founded by'."
+    with template_memory_stack(tmp_path / "own", own, drop_leaked_plans=True) as (svc, ask, _, __):
+        svc.store.add(failure)
+        assert ask()["plan"] == own
+    with template_memory_stack(tmp_path / "default", leaky) as (svc, ask, _, prompts):
+        svc.store.add(failure)
+        row = ask()
+        assert row["plan"] == leaky and row["planner_errors"] == []
+        assert "Here is a guide for your reference:\n" + leaky in prompts[-1]

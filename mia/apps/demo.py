@@ -187,6 +187,12 @@ class DemoConfig:
         "answers alone then, as in none: the Planner plans where memory shows the Executor "
         "failing (chosen on the dev world 9, docs/results.md)",
     )
+    drop_leaked_plans: bool = option(
+        True,
+        "mia: a plan that names a retrieved memory's entity the question lacks is not used "
+        "(the Executor answers alone); false keeps every plan (chosen on the dev world 9, "
+        "docs/results.md)",
+    )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],
         "key=value for memory_serve (on_empty=trace: with compress llm, a summary the small "
@@ -554,6 +560,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     ).validate()
     eval_cfg.memory.plan_without_memory = cfg.plan_without_memory
     eval_cfg.memory.plan_without_failure = cfg.plan_without_failure
+    eval_cfg.memory.drop_leaked_plans = cfg.drop_leaked_plans
     ttrl = cfg.ttrl.enabled
     stages = 6 if ttrl else 5
     names = ", ".join([*cfg.policies, *(["ttrl"] if ttrl else [])])

@@ -47,6 +47,12 @@ class MemoryOptions:
         "or nothing) gets no plan and the Executor answers alone, as in none: plans where "
         "memory shows the Executor failing; plan_only is unaffected",
     )
+    drop_leaked_plans: bool = option(
+        False,
+        "mia: true = a plan that names an entity of a retrieved memory's question which the "
+        "question itself lacks is not used (the Executor answers alone, as in none; the plan "
+        "is noted in planner_errors)",
+    )
     clear_on_start: bool = option(
         True,
         "a fresh run empties the memory first (the reference calls /clear_memory at start); "

@@ -442,6 +442,7 @@ async def run_policy(
             replan_top_k=cfg.memory.replan_top_k,
             plan_without_memory=cfg.memory.plan_without_memory,
             plan_without_failure=cfg.memory.plan_without_failure,
+            drop_leaked_plans=cfg.memory.drop_leaked_plans,
             reflect=cfg.reflect,
             baseline=baseline,
             planner_llm=planner_llm,

@@ -16,7 +16,9 @@
 With ``memory.plan_without_memory=false`` a ``mia`` question for which ``/memory`` finds nothing
 gets no plan and runs as ``none`` (with template retrieval above a floor); with
 ``memory.plan_without_failure=false`` (the demo's choice) so does one whose similar memories
-are all successes: the Planner writes plans where memory shows the Executor failing.
+are all successes: the Planner writes plans where memory shows the Executor failing. With
+``memory.drop_leaked_plans=true`` (the demo's) a plan that names a retrieved memory's entity
+the question lacks is not used: the Executor answers alone (noted in ``planner_errors``).
 
 The five memory baselines (:mod:`mia.baselines`, docs/baselines.md) run in the harness's own
 process on a SQLite file in the policy's run folder, behind the same two calls MIA's memory has
@@ -129,6 +131,7 @@ class FlowContext:
     replan_top_k: int = 0
     plan_without_memory: bool = True  # False: mia writes no plan when /memory finds nothing
     plan_without_failure: bool = True  # False: ... when /memory finds no failed question
+    drop_leaked_plans: bool = False  # True: a plan naming a memory's entity is not used
     reflect: bool = True
     baseline: BaselineMemory | None = None  # the baselines' memory
     planner_llm: Any = None  # expel / memento: the Planner's chat backend
@@ -154,6 +157,7 @@ class FlowContext:
                 skip_empty=True,
                 require_memory=p.retrieve and not self.plan_without_memory,
                 require_failure=p.retrieve and not self.plan_without_failure,
+                drop_leaked=p.retrieve and self.drop_leaked_plans,
             )
         if p.retrieve:
             assert self.memory is not None

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -51,6 +52,29 @@ class TurnLimits:
         if min(self.plan_max_tokens, self.decision_max_tokens, self.replan_max_tokens) < 1:
             raise MiaError("the planner's *_max_tokens limits must be >= 1")
         return self
+
+
+_MEMORY_QUESTION = re.compile(r"^- Question: (.*)$", re.MULTILINE)
+# A name: capitalised words, joined by "of" / "the" / "and" ("The Last Orchard of Pybrun").
+_NAME = re.compile(r"[A-Z][\w'-]+(?:\s+(?:(?:of|the|and)\s+)?[A-Z][\w'-]+)*")
+
+
+def leaked_entities(plan: str, question: str, memory_context: str) -> list[str]:
+    r"""The names of retrieved memories' questions (the memory context's ``- Question:`` lines,
+    their first word aside) that ``plan`` repeats and ``question`` does not contain: a plan
+    written about a remembered question's entity instead of the one asked.
+
+    >>> ctx = "[Example 1]\n- Judgement: incorrect\n- Question: How old is Pstad?\n"
+    >>> leaked_entities("1. Search for 'Pstad age'.", "How old is Lirford?", ctx)
+    ['Pstad']
+    >>> leaked_entities("1. Search for 'Lirford founded'.", "How old is Lirford?", ctx)
+    []
+    """
+    names: set[str] = set()
+    for line in _MEMORY_QUESTION.findall(memory_context):
+        rest = line.split(" ", 1)[1] if " " in line else ""
+        names.update(n for n in _NAME.findall(rest) if len(n) > 3 and n not in question)
+    return sorted(n for n in names if n in plan)
 
 
 def image_prompt(run: PlannerRun, variant: str) -> bool:
@@ -183,7 +207,9 @@ class RemotePlanner:
     ``require_memory``: ask ``/memory`` first and write no plan when it finds nothing (the
     Executor then answers alone and nothing is reflected on, as in ``none``);
     ``require_failure``: likewise when it finds no failed question (memories that show only
-    successes say the Executor answers such questions alone)."""
+    successes say the Executor answers such questions alone). ``drop_leaked``: a plan that
+    names a retrieved memory's entity the question lacks (:func:`leaked_entities`) is dropped:
+    the Executor answers alone, the plan is noted in ``run.planner_errors``."""
 
     reflects = True
 
@@ -196,6 +222,7 @@ class RemotePlanner:
         skip_empty: bool = False,
         require_memory: bool = False,
         require_failure: bool = False,
+        drop_leaked: bool = False,
     ) -> None:
         self.memory = memory
         self.top_k = top_k
@@ -203,6 +230,7 @@ class RemotePlanner:
         self.skip_empty = skip_empty
         self.require_memory = require_memory and top_k != 0
         self.require_failure = require_failure and top_k != 0
+        self.drop_leaked = drop_leaked
         self.name = "remote"
 
     async def _step(
@@ -242,6 +270,13 @@ class RemotePlanner:
         run.memory_ids = [int(i) for i in out.get("memory_ids") or []]
         run.memory_context = str(out.get("context") or "")
         run.planner = str(out.get("planner") or "")
+        leaked = leaked_entities(run.plan, t.question, run.memory_context)
+        if self.drop_leaked and leaked:  # the Executor goes without it, as in none
+            run.planner_errors.append(
+                f"plan dropped: it names {', '.join(leaked)} of a memory, not of the question: "
+                + " ".join(run.plan.split())[:300]
+            )
+            run.plan, run.plan_raw, run.messages, run.memory_ids = "", "", [], []
         return True
 
     async def reflect(self, run: PlannerRun, trace: str) -> bool:
