@@ -270,8 +270,10 @@ class RemotePlanner:
         run.memory_ids = [int(i) for i in out.get("memory_ids") or []]
         run.memory_context = str(out.get("context") or "")
         run.planner = str(out.get("planner") or "")
-        leaked = leaked_entities(run.plan, t.question, run.memory_context)
-        if self.drop_leaked and leaked:  # the Executor goes without it, as in none
+        if self.drop_leaked and (
+            leaked := leaked_entities(run.plan, t.question, run.memory_context)
+        ):
+            # The Executor goes without it, as in none.
             run.planner_errors.append(
                 f"plan dropped: it names {', '.join(leaked)} of a memory, not of the question: "
                 + " ".join(run.plan.split())[:300]
