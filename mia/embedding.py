@@ -167,6 +167,47 @@ def _trailing(token: str) -> str:
     return _TRAILING.search(token).group(0)  # type: ignore[union-attr]
 
 
+def _name_runs(tokens: list[str]) -> list[tuple[int, int]]:
+    """(first, last) token of every run of capitalised words after the first word (a run may
+    hold the connectors of :data:`NAME_CONNECTORS`; a trailing punctuation mark ends it)."""
+    runs: list[tuple[int, int]] = []
+    i = 1
+    while i < len(tokens):
+        if not _capitalised(tokens[i]):
+            i += 1
+            continue
+        j = i  # the run's last word
+        while not _trailing(tokens[j]):  # "X, Y": a comma ends a name
+            if j + 1 < len(tokens) and _capitalised(tokens[j + 1]):
+                j += 1
+            elif (
+                j + 2 < len(tokens)
+                and tokens[j + 1].lower() in NAME_CONNECTORS
+                and _capitalised(tokens[j + 2])
+            ):
+                j += 2
+            else:
+                break
+        runs.append((i, j))
+        i = j + 1
+    return runs
+
+
+def question_names(text: str) -> list[str]:
+    """The names :func:`question_template` masks, without their punctuation or possessive.
+
+    >>> question_names("Which came out first, Songs from Kelok or The Long Bells of Nacum?")
+    ['Songs from Kelok', 'The Long Bells of Nacum']
+    """
+    tokens = text.split()
+    names = []
+    for i, j in _name_runs(tokens):
+        words = [t.lstrip(_OPENING) for t in tokens[i : j + 1]]
+        words[-1] = words[-1][: len(words[-1]) - len(_trailing(words[-1]))]
+        names.append(" ".join(words))
+    return names
+
+
 def question_template(text: str) -> str:
     """``text`` with every run of capitalised words after the first word replaced by ``X``
     (a run may hold the connectors of :data:`NAME_CONNECTORS` between capitalised words);
@@ -183,26 +224,12 @@ def question_template(text: str) -> str:
     tokens = text.split()
     out: list[str] = []
     i = 0
-    while i < len(tokens):
-        if i == 0 or not _capitalised(tokens[i]):
-            out.append(tokens[i])
-            i += 1
-            continue
-        j = i  # the run's last word
-        while not _trailing(tokens[j]):  # "X, Y": a comma ends a name
-            if j + 1 < len(tokens) and _capitalised(tokens[j + 1]):
-                j += 1
-            elif (
-                j + 2 < len(tokens)
-                and tokens[j + 1].lower() in NAME_CONNECTORS
-                and _capitalised(tokens[j + 2])
-            ):
-                j += 2
-            else:
-                break
-        lead = tokens[i][: len(tokens[i]) - len(tokens[i].lstrip(_OPENING))]
-        out.append(lead + ENTITY_MASK + _trailing(tokens[j]))
-        i = j + 1
+    for first, last in _name_runs(tokens):
+        out.extend(tokens[i:first])
+        lead = tokens[first][: len(tokens[first]) - len(tokens[first].lstrip(_OPENING))]
+        out.append(lead + ENTITY_MASK + _trailing(tokens[last]))
+        i = last + 1
+    out.extend(tokens[i:])
     return " ".join(out)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from mia.agent import Trajectory
+from mia.embedding import question_names
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.planner import prompts as PP
@@ -55,14 +56,12 @@ class TurnLimits:
 
 
 _MEMORY_QUESTION = re.compile(r"^- Question: (.*)$", re.MULTILINE)
-# A name: capitalised words, joined by "of" / "the" / "and" ("The Last Orchard of Pybrun").
-_NAME = re.compile(r"[A-Z][\w'-]+(?:\s+(?:(?:of|the|and)\s+)?[A-Z][\w'-]+)*")
 
 
 def leaked_entities(plan: str, question: str, memory_context: str) -> list[str]:
-    r"""The names of retrieved memories' questions (the memory context's ``- Question:`` lines,
-    their first word aside) that ``plan`` repeats and ``question`` does not contain: a plan
-    written about a remembered question's entity instead of the one asked.
+    r"""The names of retrieved memories' questions (the memory context's ``- Question:`` lines;
+    :func:`mia.embedding.question_names`) that ``plan`` repeats and ``question`` does not
+    contain: a plan written about a remembered question's entity instead of the one asked.
 
     >>> ctx = "[Example 1]\n- Judgement: incorrect\n- Question: How old is Pstad?\n"
     >>> leaked_entities("1. Search for 'Pstad age'.", "How old is Lirford?", ctx)
@@ -72,8 +71,7 @@ def leaked_entities(plan: str, question: str, memory_context: str) -> list[str]:
     """
     names: set[str] = set()
     for line in _MEMORY_QUESTION.findall(memory_context):
-        rest = line.split(" ", 1)[1] if " " in line else ""
-        names.update(n for n in _NAME.findall(rest) if len(n) > 3 and n not in question)
+        names.update(n for n in question_names(line) if len(n) > 3 and n not in question)
     return sorted(n for n in names if n in plan)
 
 
