@@ -119,9 +119,13 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     summary = json.loads((out / "summary.json").read_text())
     assert [p["policy"] for p in summary["policies"]] == ["none", "plan_only", "mia"]
     assert [p["questions"] for p in summary["policies"]] == [2, 2, 2]
-    # The TTRL pass: one batch of the same 2 questions x n=2 plans, its curve and its row.
+    # The TTRL pass: one batch of the same 2 questions, its curve and its row. It plans where
+    # mia does (plan_without_failure: false): its memory starts empty, so the Executor answers
+    # both alone, one rollout each (tests/test_ttrl.py follows a gated pass into its plans).
     ttrl_rows = [json.loads(x) for x in (out / "ttrl" / "accuracy.jsonl").read_text().splitlines()]
-    assert [(r["batch"], r["questions"], r["rollouts"]) for r in ttrl_rows] == [(0, 2, 4)]
+    assert [
+        (r["batch"], r["questions"], r["rollouts"], r["planned_questions"]) for r in ttrl_rows
+    ] == [(0, 2, 2, 0)]
     assert (out / "ttrl" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     demo = json.loads((out / "demo.json").read_text())
     assert [s["policy"] for s in demo["summaries"]] == ["none", "plan_only", "mia", "ttrl"]

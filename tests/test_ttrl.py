@@ -26,6 +26,7 @@ from role_fixtures import (
     question_of,
 )
 
+from mia.errors import MiaError
 from mia.judge import PanelJudge
 from mia.judge.vote import majority_vote
 from mia.llm.scripted import ScriptedChat
@@ -229,6 +230,47 @@ def test_nogt_review_panel(model: Path, tmp_path: Path) -> None:
     # Memories carry the panel's verdict and feedback (shown to the Planner later).
     assert records and all(rec.extra.get("evaluator_2_feedback") for rec in records)
     assert result.rows[0]["self_accuracy"] == sum(r["extras"]["verdict"] for r in rollouts) / 4
+
+
+def gated_reply(messages) -> str:
+    """Alone (no plan) the Executor answers the even-numbered questions only; with a plan as
+    :func:`executor_reply`."""
+    q = question_of(messages)
+    if plan_of(messages):
+        return executor_reply(messages)
+    return f"<answer>{QUESTIONS[q] if int(q.split()[-1][:-1]) % 2 == 0 else 'Nobody'}</answer>"
+
+
+def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) -> None:
+    """memory.plan_without_failure=false: the first batch (empty memory) is answered by the
+    Executor alone, one rollout per question and no GRPO step; its failure (question 1)
+    becomes a memory, so every later (similar) question is planned n=2 times and learnt from."""
+    run_dir = tmp_path / "run"
+    data = _data(tmp_path / "test.jsonl")
+    with (
+        memory_service(tmp_path / "mem.sqlite", overrides=NO_DEDUP) as (memory_url, service),
+        executor_service(gated_reply) as (serve_url, backend),
+    ):
+        args = _overrides(model, data, run_dir, serve_url, memory_url)
+        cfg = load_config("default", [*args, "memory.plan_without_failure=false"])
+        result = run_ttrl(cfg)
+        records = service.store.records()
+    plans = [plan_of(call["messages"]) for call in backend.calls]
+    assert plans[:2] == ["", ""] and all(plans[2:])  # batch 1 alone, then only plans
+    assert [r["planned_questions"] for r in result.rows] == [0, 2, 2]
+    assert [r["rollouts"] for r in result.rows] == [2, 4, 4]
+    assert [r["step"] for r in result.rows] == [0, 1, 2]  # no update from the lone answers
+    first = {q["data_id"]: q for q in result.rows[0]["per_question"]}
+    assert first["t0"]["answers"] == ["Founder 0"] and first["t0"]["vote_correct"] == 1.0
+    assert first["t1"]["answers"] == ["Nobody"] and first["t1"]["vote_correct"] == 0.0
+    alone = {(r.question, r.judgement, r.plan) for r in records if r.extra.get("batch") == 0}
+    assert alone == {
+        ("Who founded company number 0?", "correct", ""),
+        ("Who founded company number 1?", "incorrect", ""),
+    }
+    with pytest.raises(MiaError, match="plan_without_failure=false needs"):
+        load_config("default", [*args, "mode=nogt", "nogt.method=vote",
+                                "memory.plan_without_failure=false"])  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- learning check

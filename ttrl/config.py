@@ -52,6 +52,13 @@ class TTRLMemory:
         True, "/batch_evaluate into run_dir/eval (paths on memory_serve's host)"
     )
     save: bool = option(True, "/save_memory into run_dir/memory after every batch")
+    plan_without_failure: bool = option(
+        True,
+        "plan every question (the reference); false = plan only the questions whose /memory "
+        "shows a failed similar question, the others answered by the Executor alone (one "
+        "rollout, judged and remembered, no Planner update), as mia eval's option of the same "
+        "name; needs a verdict on a single answer (mode=supervised or nogt.method=panel)",
+    )
 
 
 @dataclass
@@ -115,6 +122,15 @@ class TTRLConfig:
             raise MiaError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.mode == "nogt" and self.nogt.method not in NOGT_METHODS:
             raise MiaError(f"nogt.method must be one of {NOGT_METHODS}, got {self.nogt.method!r}")
+        if (
+            not self.memory.plan_without_failure
+            and self.mode == "nogt"
+            and self.nogt.method == "vote"
+        ):
+            raise MiaError(
+                "memory.plan_without_failure=false needs mode=supervised or nogt.method=panel: "
+                "an unplanned question has one answer, which always wins its own vote"
+            )
         PlannerEpisodeConfig.from_dict(asdict(self.episode))  # its limits are consistent
         self.nogt_reward.validate()
         return self

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.planner.episode import ExecutorAloneEpisode, PlannerEpisode
 from mia.planner.reward import PlannerReward
 from mia.rewards.grading import grade
 from mia.rl.trainer import Trainer
@@ -161,6 +162,7 @@ class TTRLRun:
         self.judge = judge
         self.panel = panel
         self.generator = generator
+        self.alone_episode = ExecutorAloneEpisode(self.executor)
 
     @staticmethod
     def _default_run_dir() -> Path:
@@ -191,8 +193,6 @@ class TTRLRun:
         return PanelReward(self.panel, cfg.nogt_reward), None
 
     def _trainer(self) -> Trainer:
-        from mia.planner.episode import PlannerEpisode
-
         cfg = self.cfg
         section = trainer_section(cfg, resolve_model(cfg.model_path))
         section.run_dir = str(self.run_dir)
@@ -236,8 +236,28 @@ class TTRLRun:
         out = []
         for s, m in zip(batch, found, strict=True):
             ids = [int(i) for i in m.get("positive_ids", []) + m.get("negative_ids", [])]
-            out.append({**s, "memory_context": m.get("context", ""), "memory_ids": ids})
+            out.append(
+                {
+                    **s,
+                    "memory_context": m.get("context", ""),
+                    "memory_ids": ids,
+                    "memory_failed": bool(m.get("negative_ids")),
+                }
+            )
         return out
+
+    def _gate(
+        self, batch: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(planned, answered alone): with ``memory.plan_without_failure=false`` the Planner
+        plans only where memory shows a similar question failing; elsewhere memory says the
+        Executor answers such questions alone, and a plan there only costs it
+        (docs/results.md, "Plans only where memory shows a failure")."""
+        if self.cfg.memory.plan_without_failure:
+            return batch, []
+        return [s for s in batch if s["memory_failed"]], [
+            s for s in batch if not s["memory_failed"]
+        ]
 
     def _report_accuracy(self, trainer: Trainer, ok: list[Any]) -> list[float]:
         """Per rollout: the ground-truth verdict on its final answer (reporting only)."""
@@ -272,6 +292,7 @@ class TTRLRun:
         samples: list[dict[str, Any]],
         results: list[Any],
         seconds: float,
+        planned: int,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ok = [r for r in results if r.error is None and r.trajectory is not None]
         acc = self._report_accuracy(trainer, ok)
@@ -281,6 +302,7 @@ class TTRLRun:
             "batch": batch,
             "step": trainer.step,
             "questions": len(samples),
+            "planned_questions": planned,  # the others: the Executor alone (plan_without_failure)
             "rollouts": len(ok),
             "failed_rollouts": len(results) - len(ok),
             "accuracy": _mean(acc),
@@ -385,10 +407,17 @@ class TTRLRun:
                     t0 = time.perf_counter()
                     lo = b * self.batch_size
                     batch = self._with_memories(self.samples[lo : lo + self.batch_size])
-                    results = trainer.collect(batch, tag=f"b{b}")
+                    planned, alone = self._gate(batch)
+                    results = trainer.collect(planned, tag=f"b{b}") if planned else []
                     # Unlogged: its row is logged below with the ttrl/* keys of the batch.
-                    step_metrics = trainer.learn(results, log=False)
-                    row, bank = self._row(trainer, b, batch, results, time.perf_counter() - t0)
+                    step_metrics = trainer.learn(results, log=False) if results else {}
+                    if alone:
+                        results += trainer.collect(
+                            alone, n=1, tag=f"alone-b{b}", episode=self.alone_episode
+                        )
+                    row, bank = self._row(
+                        trainer, b, batch, results, time.perf_counter() - t0, len(planned)
+                    )
                     self.journal.write_pending(b, {"row": row, "bank": bank})
                     self._crash("after_update", b)
                     last = b == self.n_batches - 1

@@ -185,7 +185,8 @@ class DemoConfig:
         False,
         "mia: plan when similar memories are all successes (true); false = the Executor "
         "answers alone then, as in none: the Planner plans where memory shows the Executor "
-        "failing (chosen on the dev world 9, docs/results.md)",
+        "failing (chosen on the dev world 9, docs/results.md); the TTRL passes likewise "
+        "(supervised, and nogt with the panel: a lone answer would always win its own vote)",
     )
     drop_leaked_plans: bool = option(
         True,
@@ -461,6 +462,13 @@ def run_ttrl_stage(
             # The pass follows the policies' flow: without reflection a rollout is the plan
             # prompt and the plan (about 2x fewer tokens to train on, no decision or replan).
             f"episode.reflect={str(cfg.reflect).lower()}",
+            # TTRL plans where mia does (a single answer needs a verdict that is not a vote).
+            *(
+                ["memory.plan_without_failure=false"]
+                if not cfg.plan_without_failure
+                and (mode == "supervised" or cfg.ttrl.nogt_method == "panel")
+                else []
+            ),
             *cfg.ttrl.overrides,
         ],
     )

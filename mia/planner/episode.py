@@ -31,7 +31,7 @@ from mia.agent import TokenPolicy
 from mia.agent.trajectory import ASSISTANT
 from mia.errors import MiaError
 from mia.planner.flow import Executor, FlowConfig, PlannerFlow, PlannerRun, Task
-from mia.planner.planners import IMAGE_VARIANTS, ConversationPlanner, TurnLimits
+from mia.planner.planners import IMAGE_VARIANTS, ConversationPlanner, NoPlanner, TurnLimits
 from mia.rl.episode import Rollout
 from mia.services import MemoryClient
 
@@ -156,6 +156,22 @@ class PlannerEpisode:
         await self.executor.aclose()  # type: ignore[attr-defined]
         if self.memory is not None:
             await self.memory.aclose()
+
+
+class ExecutorAloneEpisode:
+    """``await ExecutorAloneEpisode(executor).run(sample, rollout) -> PlannerRun``: the flow with
+    no Planner (``none``'s: no plan, no reflection), as an episode. TTRL answers with it the
+    questions it does not plan (``memory.plan_without_failure=false``); its rollouts carry no
+    Planner tokens, so they are scored and remembered, never trained on."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.flow = PlannerFlow(NoPlanner(), executor)
+
+    async def run(self, sample: Mapping[str, Any], rollout: Rollout) -> PlannerRun:
+        task = Task.from_sample(sample)
+        # No memory_ids: the Executor never saw the memories, so their scores learn nothing.
+        run = PlannerRun(task=task, group=rollout.group, index=rollout.index)
+        return await self.flow.run(task, run)
 
 
 def planner_segments(rollout: PlannerRun) -> list[tuple[str, int, int]]:

@@ -538,9 +538,12 @@ class Trainer:
         n: int | None = None,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
         tag: str | None = None,
+        episode: Episode | None = None,
     ) -> list[RolloutResult]:
         """``n`` (default ``cfg.n``) concurrent rollouts per sample with their rewards, no
         update; a failed rollout raises or (``rollout_errors: drop``) carries ``error``.
+        ``episode``: run them with another episode than the trainer's (TTRL answers the
+        questions its Planner does not plan with the Executor alone), scored by the same reward.
 
         ``sampling``: a SamplingParams, or overrides of ``cfg.sampling``. ``tag`` names the
         collection: group ids (``<tag>-<next step>-<sample>``) and sampling seeds derive from
@@ -560,7 +563,9 @@ class Trainer:
         self.setup()
         name = f"c{next(self._auto_tags)}" if tag is None else str(tag)
         t0 = time.perf_counter()
-        results = self._run(self._collect(list(samples), count, params, self.step + 1, name))
+        results = self._run(
+            self._collect(list(samples), count, params, self.step + 1, name, episode)
+        )
         self._rollout_seconds += time.perf_counter() - t0
         return results
 
@@ -678,8 +683,9 @@ class Trainer:
         sampling: SamplingParams,
         step: int,
         phase: str,
+        episode: Episode | None = None,
     ) -> list[RolloutResult]:
-        results = await self._rollouts(samples, n, sampling, step, phase)
+        results = await self._rollouts(samples, n, sampling, step, phase, episode or self.episode)
         if self.group_reward is not None:
             await _maybe_await(self.group_reward(results))
         return results
@@ -691,6 +697,7 @@ class Trainer:
         sampling: SamplingParams,
         step: int,
         phase: str,
+        episode: Episode,
     ) -> list[RolloutResult]:
         limit = self.cfg.max_concurrent_rollouts
         sem = asyncio.Semaphore(limit) if limit else None
@@ -712,9 +719,9 @@ class Trainer:
             try:
                 if sem is not None:
                     async with sem:
-                        res.trajectory = await self.episode.run(sample, rollout)
+                        res.trajectory = await episode.run(sample, rollout)
                 else:
-                    res.trajectory = await self.episode.run(sample, rollout)
+                    res.trajectory = await episode.run(sample, rollout)
                 score = await _maybe_await(self.reward_fn(sample, res.trajectory))
                 res.reward, res.extras = _split_reward(score)
             except MiaError as err:
