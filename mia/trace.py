@@ -185,3 +185,38 @@ def rule_summary(question: str, messages: Iterable[dict[str, Any]], max_titles: 
     if not steps:
         steps.append("no action (the Executor neither searched nor answered)")
     return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+
+
+_DOC = re.compile(r"Doc \d+\s*\(Title: [^)]*\)\s*")
+_TOOL_RESPONSE = re.compile(r"</?tool_response>")
+
+
+def answer_evidence(
+    messages: Iterable[dict[str, Any]], answers: Iterable[str], max_chars: int = 200
+) -> str:
+    """The first sentence of a search result the Executor read that contains one of the
+    ``answers`` (whole words, any case): in hindsight, where the expected answer was;
+    ``""`` when no result contains it. A failed memory shows it next to the expected answer
+    (``memory.remember_expected``), so the Planner sees which fact such a question wants.
+
+    >>> msgs = [{"role": "user", "content": "Question: How old is Pstad?"},
+    ...         {"role": "user", "content": "<tool_response>\\nDoc 1(Title: Pstad) Pstad is a "
+    ...          "city in Pobland. It was founded in 1603 and has 9 parks.\\n</tool_response>"}]
+    >>> answer_evidence(msgs, ["1603"])
+    'It was founded in 1603 and has 9 parks.'
+    >>> answer_evidence(msgs, ["160"])
+    ''
+    """
+    wanted = [a.strip() for a in answers if a and a.strip()]
+    if not wanted:
+        return ""
+    found = re.compile("|".join(rf"(?<!\w){re.escape(a)}(?!\w)" for a in wanted), re.IGNORECASE)
+    for m in messages:
+        text = content_text(m.get("content"))
+        if m.get("role") != "tool" and not text.lstrip().startswith("<tool_response>"):
+            continue  # the question, the Executor's own turns: not what it found
+        for doc in _DOC.split(_TOOL_RESPONSE.sub(" ", text)):
+            for sentence in _SENTENCE.split(" ".join(doc.split())):
+                if found.search(sentence):
+                    return sentence[:max_chars]
+    return ""

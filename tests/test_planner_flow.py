@@ -236,3 +236,50 @@ def test_mia_drops_a_plan_that_names_a_memory_entity(tmp_path: Path) -> None:
         row = ask()
         assert row["plan"] == leaky and row["planner_errors"] == []
         assert "Here is a guide for your reference:\n" + leaky in prompts[-1]
+
+
+def test_a_failure_remembered_with_its_expected_answer(tmp_path: Path) -> None:
+    """``memory.remember_expected``: a failed row's ``/memories`` item keeps the first gold and
+    the search-result sentence that held it; memory_serve stores both and shows them under the
+    failure in the Planner's memory block. A correct row, or the option off, adds nothing."""
+    from mia.eval.policies import memory_item
+
+    passage = (
+        "<tool_response>\nDoc 1(Title: Pstad) Pstad is a city in Pobland. It was founded in "
+        "1603 and has a population of 9.\n</tool_response>"
+    )
+    row = {
+        "id": "q0",
+        "policy": "mia",
+        "question": "How old is Pstad?",
+        "golds": ["1603"],
+        "correct": False,
+        "plan": "",
+        "used_memory_ids": [],
+        "messages": [
+            {"role": "user", "content": "Question: How old is Pstad?"},
+            {"role": "assistant", "content": '<tool_call>{"name": "search"}</tool_call>'},
+            {"role": "user", "content": passage},
+            {"role": "assistant", "content": "<answer>Pstad</answer>"},
+        ],
+    }
+    item = memory_item(row, "run", expected=True)
+    assert item["extra"] == {
+        "policy": "mia",
+        "eval_source": "run",
+        "expected": "1603",
+        "evidence": "It was founded in 1603 and has a population of 9.",
+    }
+    assert memory_item(row, "run")["extra"] == {"policy": "mia", "eval_source": "run"}
+    assert "expected" not in memory_item({**row, "correct": True}, "run", expected=True)["extra"]
+    with memory_service(tmp_path / "m.sqlite") as (url, _):
+        client = MemoryClient(url)
+        client.save_memories_sync([item])
+        context = client.memory_sync("How old is Lirford?")["context"]
+        client.close()
+    failure = context.split("## Negative Examples (Failure Lessons - 1)\n")[1]
+    assert "- Judgement: incorrect\n- Question: How old is Pstad?\n" in failure
+    assert failure.endswith(
+        '\n- Expected Answer: 1603\n- Where It Was: "It was founded in 1603 and has a '
+        'population of 9."'
+    )

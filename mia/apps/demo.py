@@ -194,6 +194,12 @@ class DemoConfig:
         "(the Executor answers alone); false keeps every plan (chosen on the dev world 9, "
         "docs/results.md)",
     )
+    remember_expected: bool = option(
+        False,
+        "mia/rag: a failed question's memory also keeps the expected answer and the search "
+        "result sentence that held it (mia eval memory.remember_expected); false = the "
+        "reference's memory, without ground truth",
+    )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],
         "key=value for memory_serve (on_empty=trace: with compress llm, a summary the small "
@@ -569,6 +575,7 @@ def run_demo(cfg: DemoConfig, args: argparse.Namespace) -> None:
     eval_cfg.memory.plan_without_memory = cfg.plan_without_memory
     eval_cfg.memory.plan_without_failure = cfg.plan_without_failure
     eval_cfg.memory.drop_leaked_plans = cfg.drop_leaked_plans
+    eval_cfg.memory.remember_expected = cfg.remember_expected
     ttrl = cfg.ttrl.enabled
     stages = 6 if ttrl else 5
     names = ", ".join([*cfg.policies, *(["ttrl"] if ttrl else [])])

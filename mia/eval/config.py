@@ -53,6 +53,13 @@ class MemoryOptions:
         "question itself lacks is not used (the Executor answers alone, as in none; the plan "
         "is noted in planner_errors)",
     )
+    remember_expected: bool = option(
+        False,
+        "a failed question's memory also keeps the expected answer (the first gold) and the "
+        "sentence of a search result the Executor read that held it (mia.trace.answer_evidence), "
+        "shown to the Planner under the failure; false = the reference's memory, which keeps no "
+        "ground truth",
+    )
     clear_on_start: bool = option(
         True,
         "a fresh run empties the memory first (the reference calls /clear_memory at start); "

@@ -259,7 +259,11 @@ class _Runner:
         assert memory is not None
         try:
             answer = await memory.post(
-                "/memories", [memory_item(r, self.journal.source) for r in rows]
+                "/memories",
+                [
+                    memory_item(r, self.journal.source, self.cfg.memory.remember_expected)
+                    for r in rows
+                ],
             )
         except RequestFailed as err:
             if err.status is None:

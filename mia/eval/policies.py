@@ -59,7 +59,7 @@ from mia.planner import prompts as PP
 from mia.planner.flow import FlowConfig, Planner, PlannerFlow, PlannerRun, Task
 from mia.planner.planners import ConversationPlanner, GuidePlanner, NoPlanner, RemotePlanner
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
-from mia.trace import content_text, format_trace
+from mia.trace import answer_evidence, content_text, format_trace
 
 POLICIES = ("none", "plan_only", "mia", "rag", *BASELINES)
 
@@ -368,9 +368,11 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
     }
 
 
-def memory_item(row: dict[str, Any], source: str) -> dict[str, Any]:
+def memory_item(row: dict[str, Any], source: str, expected: bool = False) -> dict[str, Any]:
     """The ``/memories`` payload of a finished row (built from the journal row, so a resumed
-    run writes exactly what the interrupted one would have)."""
+    run writes exactly what the interrupted one would have). ``expected``: a failed row's
+    memory also keeps its expected answer and where the Executor's search results held it
+    (``memory.remember_expected``)."""
     item: dict[str, Any] = {
         "data_id": row["id"],
         "question": row["question"],
@@ -383,4 +385,8 @@ def memory_item(row: dict[str, Any], source: str) -> dict[str, Any]:
     }
     if row.get("image_caption"):
         item["image_caption"] = row["image_caption"]
+    golds = [str(g) for g in row.get("golds") or []]
+    if expected and not row["correct"] and golds:
+        item["extra"]["expected"] = golds[0]
+        item["extra"]["evidence"] = answer_evidence(row["messages"], golds)
     return item

@@ -49,7 +49,13 @@ def format_example(i: int, rec: MemoryView) -> str:
         for n, key in enumerate(FEEDBACK_KEYS, start=1)
         if rec.extra.get(key)
     ]
-    body = "\n".join([lines, *feedback])
+    # Failures written with the ground truth (memory.remember_expected): what was expected.
+    expected = []
+    if rec.extra.get("expected"):
+        expected.append(M.EXPECTED_LINE.format(answer=rec.extra["expected"]))
+        if rec.extra.get("evidence"):
+            expected.append(M.EVIDENCE_LINE.format(evidence=rec.extra["evidence"]))
+    body = "\n".join([lines, *feedback, *expected])
     return f"{M.EXAMPLE_HEADER.format(i=i)}\n{body}"
 
 

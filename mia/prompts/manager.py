@@ -112,3 +112,7 @@ EXAMPLE_LINES = (
 )
 CAPTION_LINE = "- Image Caption: {caption}\n"
 FEEDBACK_LINE = "- Evaluator {i} Feedback: {feedback}"
+# A failed memory written with the ground truth (memory.remember_expected; not the reference's):
+# the answer that was expected and, in hindsight, the sentence of a search result holding it.
+EXPECTED_LINE = "- Expected Answer: {answer}"
+EVIDENCE_LINE = '- Where It Was: "{evidence}"'
