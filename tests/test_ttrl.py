@@ -244,7 +244,8 @@ def gated_reply(messages) -> str:
 def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) -> None:
     """memory.plan_without_failure=false: the first batch (empty memory) is answered by the
     Executor alone, one rollout per question and no GRPO step; its failure (question 1)
-    becomes a memory, so every later (similar) question is planned n=2 times and learnt from."""
+    becomes a memory (with its expected answer: memory.remember_expected), so every later
+    (similar) question is planned n=2 times and learnt from."""
     run_dir = tmp_path / "run"
     data = _data(tmp_path / "test.jsonl")
     with (
@@ -252,7 +253,8 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
         executor_service(gated_reply) as (serve_url, backend),
     ):
         args = _overrides(model, data, run_dir, serve_url, memory_url)
-        cfg = load_config("default", [*args, "memory.plan_without_failure=false"])
+        gate = ["memory.plan_without_failure=false", "memory.remember_expected=true"]
+        cfg = load_config("default", [*args, *gate])
         result = run_ttrl(cfg)
         records = service.store.records()
     plans = [plan_of(call["messages"]) for call in backend.calls]
@@ -263,11 +265,17 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
     first = {q["data_id"]: q for q in result.rows[0]["per_question"]}
     assert first["t0"]["answers"] == ["Founder 0"] and first["t0"]["vote_correct"] == 1.0
     assert first["t1"]["answers"] == ["Nobody"] and first["t1"]["vote_correct"] == 0.0
-    alone = {(r.question, r.judgement, r.plan) for r in records if r.extra.get("batch") == 0}
-    assert alone == {
-        ("Who founded company number 0?", "correct", ""),
-        ("Who founded company number 1?", "incorrect", ""),
+    alone = {
+        (r.question, r.judgement, r.plan, r.extra.get("expected"))
+        for r in records
+        if r.extra.get("batch") == 0
     }
+    assert alone == {  # remember_expected: the failure keeps its expected answer
+        ("Who founded company number 0?", "correct", "", None),
+        ("Who founded company number 1?", "incorrect", "", "Founder 1"),
+    }
+    with pytest.raises(MiaError, match="remember_expected needs mode=supervised"):
+        load_config("default", [*args, "mode=nogt", "memory.remember_expected=true"])
     with pytest.raises(MiaError, match="plan_without_failure=false needs"):
         load_config("default", [*args, "mode=nogt", "nogt.method=vote",
                                 "memory.plan_without_failure=false"])  # fmt: skip

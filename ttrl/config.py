@@ -52,6 +52,12 @@ class TTRLMemory:
         True, "/batch_evaluate into run_dir/eval (paths on memory_serve's host)"
     )
     save: bool = option(True, "/save_memory into run_dir/memory after every batch")
+    remember_expected: bool = option(
+        False,
+        "mode=supervised: a failed rollout's memory also keeps the expected answer and the "
+        "search-result sentence that held it (as mia eval's memory.remember_expected); false = "
+        "the reference's memory, without ground truth",
+    )
     plan_without_failure: bool = option(
         True,
         "plan every question (the reference); false = plan only the questions whose /memory "
@@ -131,6 +137,8 @@ class TTRLConfig:
                 "memory.plan_without_failure=false needs mode=supervised or nogt.method=panel: "
                 "an unplanned question has one answer, which always wins its own vote"
             )
+        if self.memory.remember_expected and self.mode == "nogt":
+            raise MiaError("memory.remember_expected needs mode=supervised (the ground truth)")
         PlannerEpisodeConfig.from_dict(asdict(self.episode))  # its limits are consistent
         self.nogt_reward.validate()
         return self

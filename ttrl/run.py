@@ -323,7 +323,11 @@ class TTRLRun:
             **executor_usage([r.trajectory for r in ok]),
             "seconds": round(seconds, 3),
         }
-        bank = [bank_item(r.sample, r.trajectory, r.extras, self.mode, batch, r.reward) for r in ok]
+        expected = self.cfg.memory.remember_expected
+        bank = [
+            bank_item(r.sample, r.trajectory, r.extras, self.mode, batch, r.reward, expected)
+            for r in ok
+        ]
         return row, bank
 
     def _commit(self, trainer: Trainer, batch: int, payload: dict[str, Any]) -> dict[str, Any]:

@@ -196,9 +196,9 @@ class DemoConfig:
     )
     remember_expected: bool = option(
         False,
-        "mia/rag: a failed question's memory also keeps the expected answer and the search "
-        "result sentence that held it (mia eval memory.remember_expected); false = the "
-        "reference's memory, without ground truth",
+        "mia/rag and the supervised TTRL pass: a failed question's memory also keeps the "
+        "expected answer and the search-result sentence that held it (mia eval / ttrl "
+        "memory.remember_expected); false = the reference's memory, without ground truth",
     )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],
@@ -468,6 +468,11 @@ def run_ttrl_stage(
             # The pass follows the policies' flow: without reflection a rollout is the plan
             # prompt and the plan (about 2x fewer tokens to train on, no decision or replan).
             f"episode.reflect={str(cfg.reflect).lower()}",
+            *(
+                ["memory.remember_expected=true"]
+                if cfg.remember_expected and mode == "supervised"
+                else []
+            ),
             # TTRL plans where mia does (a single answer needs a verdict that is not a vote).
             *(
                 ["memory.plan_without_failure=false"]

@@ -17,7 +17,7 @@ from typing import Any
 from mia.errors import MiaError
 from mia.roles.journal import Journal
 from mia.services import MemoryClient
-from mia.trace import content_text
+from mia.trace import answer_evidence, content_text
 
 log = logging.getLogger("ttrl")
 
@@ -32,8 +32,10 @@ def plain_messages(messages: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def bank_item(sample: Mapping[str, Any], rollout: Any, extras: Mapping[str, Any], mode: str,
-              batch: int, reward: float) -> dict[str, Any]:  # fmt: skip
-    """One ``/memory_bank_save`` item for a finished rollout."""
+              batch: int, reward: float, expected: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One ``/memory_bank_save`` item for a finished rollout. ``expected`` (supervised): a
+    failed rollout also keeps the expected answer and the search-result sentence that held it
+    (``memory.remember_expected``; a memory made from it shows both)."""
     judgement = extras.get("judgement") or "incorrect"
     item: dict[str, Any] = {
         "data_id": str(sample.get("data_id") or ""),
@@ -49,6 +51,10 @@ def bank_item(sample: Mapping[str, Any], rollout: Any, extras: Mapping[str, Any]
             "answer": rollout.final_answer,
         },
     }
+    golds = [str(g) for g in sample.get("golds") or []]
+    if expected and mode != "nogt" and judgement != "correct" and golds:
+        item["extra"]["expected"] = golds[0]
+        item["extra"]["evidence"] = answer_evidence(rollout.executor_history(), golds)
     if mode == "nogt":
         item["judgement_nogt"] = judgement
         panel = extras.get("panel")
