@@ -255,9 +255,8 @@ class TTRLRun:
         (docs/results.md, "Plans only where memory shows a failure")."""
         if self.cfg.memory.plan_without_failure:
             return batch, []
-        return [s for s in batch if s["memory_failed"]], [
-            s for s in batch if not s["memory_failed"]
-        ]
+        planned = [s for s in batch if s["memory_failed"]]
+        return planned, [s for s in batch if not s["memory_failed"]]
 
     def _report_accuracy(self, trainer: Trainer, ok: list[Any]) -> list[float]:
         """Per rollout: the ground-truth verdict on its final answer (reporting only)."""
