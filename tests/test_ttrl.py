@@ -15,7 +15,10 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from role_fixtures import (
@@ -83,14 +86,21 @@ def _overrides(model: Path, data: Path, run_dir: Path, serve: str, memory: str) 
     ]
 
 
-def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+@contextmanager
+def _stream(model: Path, tmp_path: Path, reply: Any) -> Iterator[tuple[list[str], Any, Any]]:
+    """A labelled stream on a real memory_serve (no dedup) and a scripted Executor behind
+    serve: yields (the ttrl overrides, the memory service, the Executor backend)."""
     data = _data(tmp_path / "test.jsonl")
     with (
         memory_service(tmp_path / "mem.sqlite", overrides=NO_DEDUP) as (memory_url, service),
-        executor_service(executor_reply) as (serve_url, _),
+        executor_service(reply) as (serve_url, backend),
     ):
-        args = _overrides(model, data, run_dir, serve_url, memory_url)
+        yield _overrides(model, data, tmp_path / "run", serve_url, memory_url), service, backend
+
+
+def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with _stream(model, tmp_path, executor_reply) as (args, service, _):
         # A real SIGKILL right after batch 2's rollouts reached memory_serve's buffer.
         proc = subprocess.run(
             [sys.executable, "-m", "ttrl", *args, "debug.crash_at=1:after_bank_save"],
@@ -246,13 +256,7 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
     Executor alone, one rollout per question and no GRPO step; its failure (question 1)
     becomes a memory (with its expected answer: memory.remember_expected), so every later
     (similar) question is planned n=2 times and learnt from."""
-    run_dir = tmp_path / "run"
-    data = _data(tmp_path / "test.jsonl")
-    with (
-        memory_service(tmp_path / "mem.sqlite", overrides=NO_DEDUP) as (memory_url, service),
-        executor_service(gated_reply) as (serve_url, backend),
-    ):
-        args = _overrides(model, data, run_dir, serve_url, memory_url)
+    with _stream(model, tmp_path, gated_reply) as (args, service, backend):
         gate = ["memory.plan_without_failure=false", "memory.remember_expected=true"]
         cfg = load_config("default", [*args, *gate])
         result = run_ttrl(cfg)
