@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mia.paths import home_path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,7 +55,7 @@ def main() -> None:
     elif args.home:
         env["MIA_HOME"] = str(Path(args.home).resolve())
     # A first run, whether a fresh temporary home (--cold) or an empty/missing --home/MIA_HOME.
-    home = Path(env.get("MIA_HOME") or Path.home() / ".cache" / "mia")
+    home = home_path(env)
     cold = args.cold or not (home.is_dir() and any(home.iterdir()))
     out = args.out or tempfile.mkdtemp(prefix="mia-demo-out-")
     cmd = [sys.executable, "-m", "mia.cli", "demo", "--out", out, "--no-progress"]

@@ -11,7 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 # The shipped configs/ folder (a sibling of the mia package in the source tree and in editable
@@ -24,9 +24,14 @@ def config_dir(*parts: str) -> Path:
     return CONFIG_ROOT.joinpath(*parts)
 
 
+def home_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """The cache root that ``environ`` names (``MIA_HOME``, else ``~/.cache/mia``), not created."""
+    return Path(environ.get("MIA_HOME") or Path.home() / ".cache" / "mia")
+
+
 def mia_home() -> Path:
-    """The cache root: ``$MIA_HOME`` or ``~/.cache/mia``."""
-    root = Path(os.environ.get("MIA_HOME") or Path.home() / ".cache" / "mia")
+    """The cache root: ``$MIA_HOME`` or ``~/.cache/mia``, created if missing."""
+    root = home_path()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

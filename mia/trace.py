@@ -220,3 +220,17 @@ def answer_evidence(
                 if found.search(sentence):
                     return sentence[:max_chars]
     return ""
+
+
+def expected_extra(messages: Iterable[dict[str, Any]], golds: Iterable[Any]) -> dict[str, str]:
+    """What a failed question's memory keeps with ``memory.remember_expected`` (``mia eval``
+    and supervised ``ttrl`` write it, the Planner's memory block shows it): the first gold as
+    ``expected`` and, as ``evidence``, :func:`answer_evidence`; ``{}`` without a gold.
+
+    >>> expected_extra([{"role": "tool", "content": "Pstad was founded in 1603."}], [1603])
+    {'expected': '1603', 'evidence': 'Pstad was founded in 1603.'}
+    """
+    answers = [str(g) for g in golds or []]
+    if not answers:
+        return {}
+    return {"expected": answers[0], "evidence": answer_evidence(messages, answers)}

@@ -59,7 +59,7 @@ from mia.planner import prompts as PP
 from mia.planner.flow import FlowConfig, Planner, PlannerFlow, PlannerRun, Task
 from mia.planner.planners import ConversationPlanner, GuidePlanner, NoPlanner, RemotePlanner
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
-from mia.trace import answer_evidence, content_text, format_trace
+from mia.trace import content_text, expected_extra, format_trace
 
 POLICIES = ("none", "plan_only", "mia", "rag", *BASELINES)
 
@@ -385,8 +385,6 @@ def memory_item(row: dict[str, Any], source: str, expected: bool = False) -> dic
     }
     if row.get("image_caption"):
         item["image_caption"] = row["image_caption"]
-    golds = [str(g) for g in row.get("golds") or []]
-    if expected and not row["correct"] and golds:
-        item["extra"]["expected"] = golds[0]
-        item["extra"]["evidence"] = answer_evidence(row["messages"], golds)
+    if expected and not row["correct"]:
+        item["extra"].update(expected_extra(row["messages"], row.get("golds") or []))
     return item

@@ -17,7 +17,7 @@ from typing import Any
 from mia.errors import MiaError
 from mia.roles.journal import Journal
 from mia.services import MemoryClient
-from mia.trace import answer_evidence, content_text
+from mia.trace import content_text, expected_extra
 
 log = logging.getLogger("ttrl")
 
@@ -51,10 +51,8 @@ def bank_item(sample: Mapping[str, Any], rollout: Any, extras: Mapping[str, Any]
             "answer": rollout.final_answer,
         },
     }
-    golds = [str(g) for g in sample.get("golds") or []]
-    if expected and mode != "nogt" and judgement != "correct" and golds:
-        item["extra"]["expected"] = golds[0]
-        item["extra"]["evidence"] = answer_evidence(rollout.executor_history(), golds)
+    if expected and mode != "nogt" and judgement != "correct":
+        item["extra"].update(expected_extra(rollout.executor_history(), sample.get("golds") or []))
     if mode == "nogt":
         item["judgement_nogt"] = judgement
         panel = extras.get("panel")
