@@ -1,13 +1,13 @@
 """Does MIA make a research agent better? One table, with intervals, on the held-out world.
 
     python bench/efficacy_bench.py                    # configs/demo/efficacy.yaml, $MIA_HOME
-    python bench/efficacy_bench.py --questions 64     # the first 64 test questions only
+    python bench/efficacy_bench.py --questions 1000   # every text test question (154)
     python bench/efficacy_bench.py -- ttrl.n=6        # more demo overrides after --
     python bench/efficacy_bench.py --baselines        # + mem0, amem, expel, memento,
                                                       #   reasoningbank (configs/demo/baselines.yaml)
 
-It runs ``mia demo --config configs/demo/efficacy.yaml`` (the held-out world seed 1, every
-text test question, policies none / plan_only / rag / mia, then TTRL supervised and no-GT) and
+It runs ``mia demo --config configs/demo/efficacy.yaml`` (the held-out world seed 1, its first
+64 text test questions, policies none / plan_only / rag / mia, then TTRL supervised and no-GT) and
 reads back ``demo.json``: accuracy with its 95% bootstrap interval, the paired difference
 against ``none`` with its interval, accuracy per question group (held-out wordings apart), tool
 calls, tokens and seconds per question. It writes ``efficacy.json`` and ``efficacy.png`` next to
