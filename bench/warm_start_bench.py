@@ -15,6 +15,10 @@
    call, the share with any valid call, calls per question, and accuracy (rule judge, EM).
 3. The warm Planner writes plans for the same questions: share that are numbered plans.
 
+``--held-out-wordings`` evaluates only the convention questions whose wording no train split
+holds; their gold plan is what a perfect Planner could write, so ``gold_plan`` - ``no_plan``
+there bounds what plans (from memory or not) can give this Executor (docs/results.md).
+
 JSON lands in ``--home/bench/warm_start.json``.
 """
 
@@ -60,12 +64,15 @@ def build(role: str, overrides: list[str], base: str | None) -> dict[str, Any]:
     }
 
 
-def held_out(seed: int, size: str, n: int, workdir: Path) -> tuple[Any, list[Any], Path]:
+def held_out(
+    seed: int, size: str, n: int, workdir: Path, wordings_only: bool = False
+) -> tuple[Any, list[Any], Path]:
     from local_search import build_index
     from mia.data.world import World
 
     world = World.generate(seed, size)
-    questions = [q for q in world.split("test") if q.type != "image"][:n]
+    keep = (lambda q: q.held_out) if wordings_only else (lambda q: q.type != "image")
+    questions = [q for q in world.split("test") if keep(q)][:n]
     corpus = workdir / "corpus.jsonl"
     corpus.write_text(
         "".join(
@@ -110,6 +117,7 @@ async def run_executor(
             {
                 "id": q.id,
                 "type": q.type,
+                "kind": q.template or q.type,
                 "question": q.question,
                 "gold": q.answer,
                 "answer": t.answer,
@@ -137,6 +145,12 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "any_valid_call": round(sum(r["valid_calls"] > 0 for r in rows) / n, 3),
         "calls_per_question": round(sum(r["calls"] for r in rows) / n, 2),
         "accuracy": round(sum(r["correct"] for r in rows) / n, 3),
+        # per wording (held-out convention questions) or per type: right / asked
+        "by_kind": {
+            k: f"{sum(r['correct'] for r in rows if r['kind'] == k)}/"
+            f"{sum(r['kind'] == k for r in rows)}"
+            for k in dict.fromkeys(r["kind"] for r in rows)
+        },
     }
 
 
@@ -177,6 +191,9 @@ def main() -> None:
     p.add_argument("--eval-seed", type=int, default=1)
     p.add_argument("--eval-size", default="default")
     p.add_argument("--questions", type=int, default=10)
+    p.add_argument("--held-out-wordings", action="store_true",
+                   help="only the convention questions whose wording no train split holds: "
+                   "how much a perfect plan could give (docs/results.md)")  # fmt: skip
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="ROLE:KEY=VALUE",
                    help="recipe override for one role (repeatable)")  # fmt: skip
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -206,7 +223,7 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             world, questions, index = held_out(
-                args.eval_seed, args.eval_size, args.questions, Path(tmp)
+                args.eval_seed, args.eval_size, args.questions, Path(tmp), args.held_out_wordings
             )
             retriever = open_index(index)
             writer = GoldWriter(world, retriever, 3)
