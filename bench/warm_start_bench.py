@@ -13,7 +13,10 @@
    for SFT), on the first ``--questions`` text questions of its test split, without a plan and
    with the gold plan. Reports the share of questions whose first turn is a well-formed tool
    call, the share with any valid call, calls per question, and accuracy (rule judge, EM).
-3. The warm Planner writes plans for the same questions: share that are numbered plans.
+3. The warm Planner writes plans for the same questions (before step 2, without memories):
+   share that are numbered plans, and per kind how many equal the gold plan, share its first
+   step (the first search) or its number of steps; ``--plans ...,planner_plan`` then runs the
+   Executor with them (``plan_only`` of the efficacy bench, on a dev world).
 
 ``--held-out-wordings`` evaluates only the convention questions whose wording no train split
 holds; their gold plan is what a perfect Planner could write, so ``gold_plan`` - ``no_plan``
@@ -154,7 +157,20 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     }
 
 
-def run_planner(model_dir: Path, questions: list[Any]) -> dict[str, Any]:
+def _plan_body(text: str) -> list[str]:
+    """The numbered steps of a plan, its <think> block dropped."""
+    import re
+
+    body = re.sub(r"(?s)<think>.*?</think>", "", text).strip()
+    return [line.strip() for line in body.splitlines() if line.strip()]
+
+
+def run_planner(model_dir: Path, questions: list[Any], gold: dict[str, str]) -> dict[str, Any]:
+    """The warm Planner's greedy plans without memories, compared with the gold plans.
+
+    Per kind: how many plans equal the gold plan, start with the gold plan's first step (the
+    first search), and have as many steps (a bridge needs two searches, a single hop one).
+    """
     import re
 
     from mia.apps.gold import planner_messages
@@ -174,12 +190,36 @@ def run_planner(model_dir: Path, questions: list[Any]) -> dict[str, Any]:
         await chat.aclose()
         return [o.text for o in outs]
 
+    t0 = time.perf_counter()
     texts = asyncio.run(go())
+    wall = round(time.perf_counter() - t0, 1)
     numbered = [bool(re.search(r"(?m)^1\. .+\n2\. ", t)) for t in texts]
+    by_kind: dict[str, list[int]] = {}
+    for q, t in zip(questions, texts, strict=True):
+        mine, ref = _plan_body(t), _plan_body(gold[q.id])
+        row = by_kind.setdefault(_kind(q), [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += mine == ref
+        row[2] += bool(mine) and mine[0] == ref[0]
+        row[3] += len(mine) == len(ref)
     return {
         "numbered_plans": round(sum(numbered) / max(len(texts), 1), 3),
+        "wall_s": wall,
+        # per kind: asked, plan == gold, same first step, same number of steps
+        "vs_gold": {
+            k: {"n": v[0], "same_plan": v[1], "same_first_step": v[2], "same_steps": v[3]}
+            for k, v in by_kind.items()
+        },
+        "plans": {q.id: t for q, t in zip(questions, texts, strict=True)},
         "example": texts[0][:600] if texts else "",
     }
+
+
+def _kind(q: Any) -> str:
+    """The standard types by name; convention questions as seen or held-out wordings."""
+    if q.type != "convention":
+        return q.type
+    return "held_out_wording" if q.held_out else "seen_convention"
 
 
 def main() -> None:
@@ -197,7 +237,9 @@ def main() -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="ROLE:KEY=VALUE",
                    help="recipe override for one role (repeatable)")  # fmt: skip
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("--plans", default="no_plan,gold_plan", help="Executor prompts to evaluate")
+    p.add_argument("--plans", default="no_plan,gold_plan",
+                   help="Executor prompts to evaluate: no_plan, gold_plan, planner_plan (the "
+                   "warm Planner's own plans, no memories; needs the planner role)")  # fmt: skip
     p.add_argument("--presence-penalty", type=float, default=0.0,
                    help="Executor sampling (configs/llm/embedded.yaml has 1.1; see docs/sft.md)")  # fmt: skip
     args = p.parse_args()
@@ -228,9 +270,13 @@ def main() -> None:
             retriever = open_index(index)
             writer = GoldWriter(world, retriever, 3)
             plans = {q.id: writer.plan(q) for q in questions}
+            modes = {"no_plan": {}, "gold_plan": plans}
+            if "planner" in dirs:
+                report["planner"] = run_planner(dirs["planner"], questions, plans)
+                print("planner", json.dumps(report["planner"]["vs_gold"]), flush=True)
+                modes["planner_plan"] = report["planner"]["plans"]
             with ServerThread(create_search_app(retriever, ServeConfig())) as url:
-                modes = {"no_plan": {}, "gold_plan": plans}
-                for label in args.plans.split(","):
+                for label in [x for x in args.plans.split(",") if x]:
                     use = modes[label]
                     t0 = time.perf_counter()
                     rows = asyncio.run(
@@ -243,9 +289,6 @@ def main() -> None:
                         print("  ", json.dumps({k: r[k] for k in ("question", "gold", "answer")}))
                         print("   first turn:", r["first_turn"][:300].replace("\n", "\\n"))
             retriever.close()
-    if "planner" in dirs and "executor" in dirs:
-        report["planner"] = run_planner(dirs["planner"], questions)
-        print("planner", json.dumps(report["planner"]), flush=True)
     out = home / "bench" / "warm_start.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

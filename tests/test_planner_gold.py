@@ -109,3 +109,30 @@ def test_a_target_without_a_gold_plan_is_skipped(rows: list[dict], tmp_path, mon
     assert skipped and kept
     assert not {r["id"].split("#", 1)[0] for r in kept} & set(skipped)
     assert {r["type"] for r in kept} == {r["type"] for r in rows} - {"bridge"}
+
+
+def test_failures_show_what_was_expected(rows: list[dict]) -> None:
+    """Most failed memories carry the answer the question wanted and the sentence of the
+    failed transcript's search results that held it (as memory_serve shows failures written
+    with ``memory.remember_expected``); the target's reason names that fact, then plans it."""
+    from mia.apps.planner_gold import EXPECTED_RATE
+
+    with_neg = shown = 0
+    for r in rows:
+        _, neg = _blocks(r["planner_messages"][1]["content"])
+        if "Judgement: incorrect" not in neg:
+            continue
+        with_neg += 1
+        reply = r["planner_messages"][2]["content"]
+        if "- Expected Answer: " not in neg:
+            assert " was expected, " not in reply
+            continue
+        shown += 1
+        answer = neg.split("- Expected Answer: ")[1].split("\n")[0]
+        evidence = neg.split('- Where It Was: "')[1].split('"\n')[0]
+        assert answer.lower() in evidence.lower()
+        think, plan = reply.split("</think>")
+        assert f", but {answer} was expected, the " in think
+        wanted = think.split("so I will look for ")[1].removesuffix(".\n").removesuffix(" instead")
+        assert wanted.split(" of ")[0].split(" where ")[0].split(" in which ")[0] in plan
+    assert with_neg >= 10 and 0.5 * EXPECTED_RATE <= shown / with_neg <= 1.0

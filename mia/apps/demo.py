@@ -195,10 +195,12 @@ class DemoConfig:
         "docs/results.md)",
     )
     remember_expected: bool = option(
-        False,
+        True,
         "mia/rag and the supervised TTRL pass: a failed question's memory also keeps the "
         "expected answer and the search-result sentence that held it (mia eval / ttrl "
-        "memory.remember_expected); false = the reference's memory, without ground truth",
+        "memory.remember_expected): the stream's feedback, which the shipped Planner was "
+        "trained to read (chosen on the dev world 9, docs/results.md); false = the "
+        "reference's memory, without ground truth",
     )
     memory_overrides: list[str] = option(
         ["compress.on_empty=trace"],

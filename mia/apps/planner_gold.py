@@ -34,7 +34,7 @@ from mia.apps.gold import GoldExample, GoldSkip, GoldWriter, fact_phrase, genera
 from mia.data.world import World
 from mia.data.world_questions import CONVENTIONS, Facts, Question
 from mia.planner.prompts import memory_context, plan_messages
-from mia.trace import rule_summary
+from mia.trace import answer_evidence, rule_summary
 
 TYPES = ("single_hop", "bridge", "comparison", "convention")
 READINGS = {c.id: c.readings for c in CONVENTIONS}
@@ -43,6 +43,10 @@ READINGS = {c.id: c.readings for c in CONVENTIONS}
 # and a Planner that never saw that case copied the failure's steps (docs/results.md, "Plans
 # from failures only"). The target still reads the right fact: the one the failure did not.
 NEGATIVES_ONLY_RATE = 0.5
+# Share of the failed memories shown with the answer that was expected and the search-result
+# sentence that held it, as memory_serve shows failures written with the ground truth
+# (``memory.remember_expected``); the others look like the reference's memories, without it.
+EXPECTED_RATE = 0.75
 
 
 @dataclass
@@ -87,11 +91,18 @@ def _history(ex: GoldExample) -> list[dict[str, Any]]:
     return ex.messages[first + 1 :]
 
 
-def _memory(ex: GoldExample, correct: bool) -> Memory:
+def _memory(ex: GoldExample, correct: bool, expected: Question | None = None) -> Memory:
+    """``expected``: the fact a failed transcript should have concluded with; shown as the
+    expected answer and the sentence of its search results that held it."""
+    extra: dict[str, Any] = {}
+    if expected is not None:
+        evidence = answer_evidence(_history(ex), expected.answers)
+        extra = {"expected": expected.answer, "evidence": evidence}
     return Memory(
         question=ex.question,
         workflow_summary=rule_summary(ex.question, _history(ex)),
         judgement="correct" if correct else "incorrect",
+        extra=extra,
     )
 
 
@@ -115,6 +126,7 @@ def planner_memory_examples(
     rng = random.Random(f"planner-memory:{world.seed}:{seed}")
     # Its own stream: the other chats are drawn as they were without negatives-only ones.
     neg_only_rng = random.Random(f"planner-memory-negatives-only:{world.seed}:{seed}")
+    expected_rng = random.Random(f"planner-memory-expected:{world.seed}:{seed}")
     questions = [q for q in world.split(split) if q.type in TYPES]
     # Every question under every reading it can have (conventions: all readings; single hop:
     # its own fact and one other), replayed for real so each workflow is a true transcript.
@@ -162,7 +174,7 @@ def planner_memory_examples(
     for q, draw in draws:
         peers = [p for p in by_kind[kind_of(q)] if p.id != q.id]
         rng.shuffle(peers)
-        own = q.relation.split(".", 1)[1] if q.type in ("single_hop", "convention") else None
+        own = _own(q)
         if q.type == "convention":
             rels = [r for r in READINGS.get(q.template, ()) if transcript(q, r) is not None]
             if not rels:
@@ -176,6 +188,7 @@ def planner_memory_examples(
         pos = [m for p in peers if (m := transcript(p, want)) is not None][:positives]
         used = {ex.id.split("~", 1)[0] for ex in pos}
         neg: list[GoldExample] = []
+        neg_expected: Question | None = None  # what the failed peer should have answered
         # A similar question whose Executor read another fact; not one of the positives' own
         # questions (memory_serve keeps one memory per question).
         for p in [p for p in peers if p.id not in used] + [p for p in peers if p.id in used]:
@@ -189,6 +202,7 @@ def planner_memory_examples(
             found = [m for r in others if (m := transcript(p, r)) is not None]
             if found:
                 neg.append(found[0])
+                neg_expected = reading(world, p, want) if want and want != _own(p) else p
                 break
         if not pos and not neg:
             continue
@@ -200,7 +214,9 @@ def planner_memory_examples(
                 pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(others), True))
         if neg_only:  # only the failure is in memory: plan for the fact it did not read
             pos, pos_mem = [], []  # after the draws above: the other chats stay the same
-        neg_mem = [_memory(ex, False) for ex in neg]
+        if expected_rng.random() >= EXPECTED_RATE:
+            neg_expected = None  # a failure as the reference remembers it: no ground truth
+        neg_mem = [_memory(ex, False, neg_expected) for ex in neg]
         try:
             plan = writer.plan(target)
         except GoldSkip:  # no query finds a supporting passage: the gold has no plan for it
@@ -213,11 +229,19 @@ def planner_memory_examples(
                 "question": q.question,
                 "planner_messages": [
                     *plan_messages(memory_context(pos_mem, neg_mem), q.question, image=False),
-                    {"role": "assistant", "content": _reply(world, target, pos, neg, plan)},
+                    {
+                        "role": "assistant",
+                        "content": _reply(world, target, pos, neg, plan, neg_expected),
+                    },
                 ],
             }
         )
     return rows
+
+
+def _own(q: Question) -> str | None:
+    """The relation a single-hop or convention question asks for (None for the others)."""
+    return q.relation.split(".", 1)[1] if q.type in ("single_hop", "convention") else None
 
 
 def _fact(world: World, ex: GoldExample) -> str:
@@ -228,9 +252,15 @@ def _fact(world: World, ex: GoldExample) -> str:
 
 
 def _reply(
-    world: World, target: Question, pos: list[GoldExample], neg: list[GoldExample], plan: str
+    world: World,
+    target: Question,
+    pos: list[GoldExample],
+    neg: list[GoldExample],
+    plan: str,
+    expected: Question | None = None,
 ) -> str:
-    """The Planner's answer: a short reason naming what the memories did, then the plan."""
+    """The Planner's answer: a short reason naming what the memories did (and, for a failure
+    shown with its expected answer, which fact that answer was), then the plan."""
     if target.type in ("single_hop", "convention"):
         parts = []
         if pos:
@@ -239,7 +269,14 @@ def _reply(
             )
         else:
             parts.append("No similar question was answered correctly")
-        if neg:
+        if neg and expected is not None:
+            rel = expected.relation.split(".", 1)[1]
+            wanted = fact_phrase(world.entities[expected.entity_ids[0]], rel)
+            parts.append(
+                f"a failed one found {_fact(world, neg[0])}, but {expected.answer} was "
+                f"expected, {wanted}"
+            )
+        elif neg:
             parts.append(f"a failed one found {_fact(world, neg[0])}")
         rel = target.relation.split(".", 1)[1]
         look = fact_phrase(world.entities[target.entity_ids[0]], rel)
