@@ -278,7 +278,7 @@ def main() -> None:
             with ServerThread(create_search_app(retriever, ServeConfig())) as url:
                 for label in [x for x in args.plans.split(",") if x]:
                     if label not in modes:  # planner_plan needs the planner role
-                        sys.exit(f"warm_start_bench: --plans {label}: one of {', '.join(modes)}")
+                        p.error(f"--plans {label}: one of {', '.join(modes)}")
                     use = modes[label]
                     t0 = time.perf_counter()
                     rows = asyncio.run(
