@@ -158,11 +158,10 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
 
 
 def _plan_body(text: str) -> list[str]:
-    """The numbered steps of a plan, its <think> block dropped."""
-    import re
+    """The steps of a plan as the Planner flow hands it on (its <think> block dropped)."""
+    from mia.prompts.planner import text_after_think
 
-    body = re.sub(r"(?s)<think>.*?</think>", "", text).strip()
-    return [line.strip() for line in body.splitlines() if line.strip()]
+    return [line.strip() for line in text_after_think(text).splitlines() if line.strip()]
 
 
 def run_planner(model_dir: Path, questions: list[Any], gold: dict[str, str]) -> dict[str, Any]:
