@@ -222,6 +222,44 @@ def answer_evidence(
     return ""
 
 
+_TRACE_HEADER = re.compile(
+    r"^("
+    + "|".join(re.escape(h) for h in (ASSISTANT_HEADER, TOOL_HEADER, REVISED_PLAN_HEADER))
+    + r"|### Round \d+:)$",
+    re.M,
+)
+
+
+def trace_tool_results(trace: str) -> list[str]:
+    """The tool results of a :func:`format_trace` text, in order (what the Executor read).
+
+    >>> t = format_trace("Who?", [{"role": "assistant", "content": "<tool_call>...</tool_call>"},
+    ...                           {"role": "tool", "content": "Doc 1(Title: X) X was born."},
+    ...                           {"role": "assistant", "content": "<answer>X</answer>"}])
+    >>> trace_tool_results(t)
+    ['Doc 1(Title: X) X was born.']
+    """
+    parts = _TRACE_HEADER.split(trace)
+    return [
+        body.strip()
+        for head, body in zip(parts[1::2], parts[2::2], strict=True)
+        if head == TOOL_HEADER
+    ]
+
+
+def evidence_in_trace(trace: str, answers: Iterable[Any]) -> bool:
+    """Whether a search result in a :func:`format_trace` text contains one of ``answers``
+    (whole words, any case; :func:`answer_evidence`): the Executor's searches reached the
+    passage that holds the answer, whatever it then answered.
+
+    >>> t = format_trace("When?", [{"role": "tool", "content": "Pstad was founded in 1603."}])
+    >>> evidence_in_trace(t, [1603]), evidence_in_trace(t, ["1604"])
+    (True, False)
+    """
+    tools = [{"role": "tool", "content": text} for text in trace_tool_results(trace)]
+    return bool(answer_evidence(tools, [str(a) for a in answers]))
+
+
 def expected_extra(messages: Iterable[dict[str, Any]], golds: Iterable[Any]) -> dict[str, str]:
     """What a failed question's memory keeps with ``memory.remember_expected`` (``mia eval``
     and supervised ``ttrl`` write it, the Planner's memory block shows it): the first gold as

@@ -401,6 +401,7 @@ def test_cli_persists_ground_truths_across_restart(tmp_path: Path, feedback_modu
                 "acc_first_weight": 0.2,
                 "format_weight": 0.05,
                 "decision_weight": 0.05,
+                "evidence_weight": 0.0,
             }
     finally:
         stop(proc)

@@ -381,6 +381,47 @@ def test_planner_reward_without_reflection_scores_no_decision() -> None:
     )
 
 
+def test_planner_evidence_credit_separates_wrong_plans_that_searched_the_right_place() -> None:
+    """``evidence_weight``: two wrong rollouts of one group, one whose searches read the
+    passage holding the gold, one whose did not, are no longer tied; off (the reference's
+    reward) both score the format point only. A replan's final trace is what counts."""
+    from mia.trace import format_trace
+
+    def read(text: str) -> str:
+        call = '<tool_call>{"name": "search", "arguments": {"query_list": ["France"]}}</tool_call>'
+        return format_trace(
+            "What is the capital of France?",
+            [
+                {"role": "assistant", "content": call},
+                {"role": "tool", "content": text},
+                {"role": "assistant", "content": "<answer>Lyon</answer>"},
+            ],
+        )
+
+    found = planner_record("<think>fine</think>\nno", "Lyon")
+    found.trace_first = read("Doc 1(Title: France) The capital of France is Paris.")
+    missed = planner_record("<think>fine</think>\nno", "Lyon")
+    missed.trace_first = read("Doc 1(Title: Lyon) Lyon is a city in France.")
+    on = {"evidence_weight": 0.1}
+    score, extras = run(planner_reward(found, ["Paris"], RULES, on))
+    assert (score, extras["evidence"]) == (approx(0.15), 1.0)
+    score, extras = run(planner_reward(missed, "Paris", RULES, on))
+    assert (score, extras["evidence"]) == (approx(0.05), 0.0)
+    # Off: the reference's reward, both 0.05 (the term is not even computed).
+    assert run(planner_reward(found, ["Paris"], RULES))[0] == approx(0.05)
+    # "Paris-Lyon" holds Paris as a whole word: found. A gold only in the question is not.
+    missed.trace_first = read("Doc 1(Title: Trains) Paris-Lyon trains run hourly.")
+    assert run(planner_reward(missed, ["Paris"], RULES, on))[0] == approx(0.15)
+    missed.trace_first = read("Doc 1(Title: Lyon) Lyon is a city.")
+    missed.question = "Is Paris the capital?"
+    assert run(planner_reward(missed, ["Paris"], RULES, on))[0] == approx(0.05)
+    # Replanned: the final trace (both runs) is read, not the first one alone.
+    fixed = planner_record("<think>doubt</think>\nyes", "Lyon", "Lyon", "<think>x</think>1. ...")
+    fixed.trace_first = read("Doc 1(Title: Lyon) Lyon is a city.")
+    fixed.trace_final = fixed.trace_first + "\n\n" + read("Doc 2(Title: France) Paris it is.")
+    assert run(planner_reward(fixed, ["Paris"], RULES, on))[0] == approx(0.05 + 0.05 + 0.1)
+
+
 def test_planner_format_issues() -> None:
     rec = planner_record("<think>hmm\nyes", "Lyon", "Paris", "<think>replan")
     rec.plan = "</think>1. plan"

@@ -99,12 +99,15 @@ class TTRLChoice:
             "trainer.save_freq=-1",
             "trainer.old_logprobs=rollout",
             "memory.evaluate=false",
+            "reward.evidence_weight=0.1",
         ],
         "more configs/ttrl keys, sized for 2 CPU cores (save_freq -1: no checkpoint, the "
         "demo's adapted Planner is not kept, 1.7 GB and 7 s a run; old_logprobs=rollout: the "
         "in-process Planner's exact log-probs, without a forward pass over every rollout, "
         "43-68 s a batch; memory.evaluate=false: no /batch_evaluate selection-rule files, "
-        "which the demo does not show, 12-14 s a batch)",
+        "which the demo does not show, 12-14 s a batch; reward.evidence_weight=0.1: a wrong plan whose "
+        "searches read the passage holding the answer scores 0.15, not 0.05, so a group of four "
+        "wrong plans is not tied; supervised only, docs/ttrl.md)",
     )
 
 

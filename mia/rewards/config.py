@@ -53,7 +53,8 @@ class ExecutorRewardConfig:
 @dataclass
 class PlannerRewardConfig:
     """``acc_final_weight*acc2 + acc_first_weight*acc1 + format_weight*format +
-    decision_weight*decision`` (docs/reference.md §7.2; also the reward server's default)."""
+    decision_weight*decision [+ evidence_weight*evidence]`` (docs/reference.md §7.2; also the
+    reward server's default)."""
 
     acc_final_weight: float = option(
         0.7, "answer after the (optional) replan; = acc1 when there was no replan"
@@ -63,6 +64,13 @@ class PlannerRewardConfig:
         0.05, "decision is exactly yes/no; <think> tags balanced in plan/decision/replan"
     )
     decision_weight: float = option(0.05, "replanned iff the first answer was wrong")
+    evidence_weight: float = option(
+        0.0,
+        "partial credit: 1 iff a search result the Executor read (final trace) holds a gold "
+        "answer (mia.trace.evidence_in_trace), right or wrong answer; separates the wrong "
+        "plans that searched the right place from the rest, so an all-wrong group is not "
+        "tied. 0 = the reference's reward (docs/ttrl.md)",
+    )
 
 
 @dataclass

@@ -6,10 +6,11 @@ replanning -> if yes, a supplementary plan -> the Executor continues (answer 2).
 the reward server builds it from the reference's ``extra_info.messages`` too.
 
 ``score = acc_final_weight*acc2 + acc_first_weight*acc1 + format_weight*format +
-decision_weight*decision`` where ``acc2 = acc1`` without a replan; ``format`` = 1 iff the
-decision (after its ``<think>``) is exactly ``yes`` or ``no`` and ``<think>`` tags are balanced
-in the plan, the decision and the replan; ``decision`` = 1 iff the Planner asked for a replan
-exactly when answer 1 was wrong.
+decision_weight*decision + evidence_weight*evidence`` where ``acc2 = acc1`` without a replan;
+``format`` = 1 iff the decision (after its ``<think>``) is exactly ``yes`` or ``no`` and
+``<think>`` tags are balanced in the plan, the decision and the replan; ``decision`` = 1 iff the
+Planner asked for a replan exactly when answer 1 was wrong; ``evidence`` = 1 iff a search result
+in the final trace holds a gold answer (weight 0 by default: the reference's reward).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mia.judge.base import Judge
 from mia.prompts.planner import parse_decision, text_after_think
 from mia.rewards.config import PlannerRewardConfig, load_reward_config
 from mia.rewards.grading import answer_from_trace, grade
-from mia.trace import content_text
+from mia.trace import content_text, evidence_in_trace
 
 
 @dataclass
@@ -131,11 +132,15 @@ async def planner_reward(
     asked_replan = parse_decision(record.decision)
     # Without a reflection nothing was decided: the term is 0 for every rollout of the group.
     decision = 1.0 if record.reflected and asked_replan != first.correct else 0.0
+    # Partial credit (0 by default, as the reference): the searches reached the answer.
+    answers = [golds] if isinstance(golds, str) else list(golds)
+    evidence = float(c.evidence_weight != 0 and evidence_in_trace(record.final_trace, answers))
     score = (
         c.acc_final_weight * final.acc
         + c.acc_first_weight * first.acc
         + c.format_weight * format_score
         + c.decision_weight * decision
+        + c.evidence_weight * evidence
     )
     extras: dict[str, Any] = {
         "score": score,
@@ -144,6 +149,7 @@ async def planner_reward(
         "format": format_score,
         "format_issues": issues,
         "decision": decision,
+        "evidence": evidence,
         "asked_replan": asked_replan,
         "replanned": record.replanned,
         "judgement": "correct" if final.correct else "incorrect",
