@@ -38,6 +38,20 @@ def test_group_advantages_zero_variance_and_singleton_groups_are_zero() -> None:
     assert torch.allclose(adv, torch.tensor([0.0, 0.0, -0.707106, 0.0, 0.707106]), atol=1e-5)
 
 
+@pytest.mark.parametrize("reward", [0.05, 0.15, 0.95, 1.05])
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_a_tied_group_gets_exactly_zero_advantage_whatever_its_float_mean(
+    reward: float, n: int
+) -> None:
+    """Eight float32 rewards of 1.05 average to 1.05 - 6e-8; divided by their (tiny) std that
+    residue became advantages of about 0.1, so a step whose groups were all tied still moved
+    the policy (TTRL with 8 plans, docs/results.md, "Breaking all-wrong ties"). Tied is
+    tied: exactly 0, so the trainer's skip of signal-free steps sees it."""
+    adv = group_advantages(torch.tensor([reward] * n + [0.0, 1.0]), group_ids=[0] * n + [1, 1])
+    assert adv[:n].tolist() == [0.0] * n
+    assert adv[n:].tolist() == pytest.approx([-0.707106, 0.707106], abs=1e-5)
+
+
 def test_group_advantages_group_ids_may_be_a_tensor_in_any_order() -> None:
     a = group_advantages(torch.tensor([0.0, 5.0, 1.0, 7.0]), group_ids=torch.tensor([9, 4, 9, 4]))
     assert torch.allclose(a, torch.tensor([-0.707106, -0.707106, 0.707106, 0.707106]), atol=1e-5)

@@ -60,7 +60,16 @@ def group_advantages(
         0, index, torch.ones_like(rewards)
     )
     mean = torch.zeros(n_groups, device=rewards.device).index_add_(0, index, rewards) / count  # [G]
-    centered = rewards - mean[index]  # [B]
+    # A tied group is centred to exactly 0: its float mean need not equal its rewards (eight
+    # rewards of 1.05 average to 1.05 - 6e-8, which the std would blow up to advantages of 0.1).
+    top = torch.full((n_groups,), -torch.inf, device=rewards.device).scatter_reduce_(
+        0, index, rewards, "amax"
+    )
+    low = torch.full((n_groups,), torch.inf, device=rewards.device).scatter_reduce_(
+        0, index, rewards, "amin"
+    )
+    tied = (top == low)[index]  # [B]
+    centered = torch.where(tied, torch.zeros_like(rewards), rewards - mean[index])  # [B]
     adv = centered
     if norm_by_std:
         sq = torch.zeros(n_groups, device=rewards.device).index_add_(0, index, centered**2)
