@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mia.eval.stats import format_comparison, paired_bootstrap_ci  # noqa: E402
+from ttrl.curve import format_steps  # noqa: E402
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -152,12 +153,16 @@ def main() -> None:
     }
     outcomes = outcomes_from(out, rows)
     lines = targets(rows, outcomes)
+    # How much each TTRL pass could learn: GRPO steps skipped (every group tied) and why.
+    grpo = {s["policy"]: s["grpo"] for s in demo["summaries"] if s.get("grpo")}
+    lines += [f"{name}: {format_steps(report)}" for name, report in grpo.items()]
     record = {
         "command": " ".join(cmd),
         "world": demo["world"],
         "questions": demo["questions"],
         "comparison": rows,
         "per_question_extra": extra,
+        "grpo": grpo,
         "targets": lines,
         "wall_s": round(time.perf_counter() - start, 1),
     }

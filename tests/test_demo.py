@@ -132,6 +132,16 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     # TTRL's answer per question is the majority of its n answers
     assert demo["summaries"][-1]["accuracy"] == ttrl_rows[0]["accuracy_vote"]
     assert demo["summaries"][-1]["accuracy_rollouts"] == ttrl_rows[0]["accuracy"]
+    # ... and says how much the Planner could learn: nothing planned, so no GRPO step.
+    assert demo["summaries"][-1]["grpo"] == {
+        "batches": 1, "steps": 0, "steps_without_update": 0, "groups": 0, "groups_tied": 0,
+        "groups_all_wrong": 0, "groups_all_right": 0,
+    }  # fmt: skip
+    assert (
+        "GRPO: 0 steps over 1 batch (a batch with no planned question takes none), 0 without "
+        "an update (every group tied); 0 groups, 0 tied (equal rewards: no signal); 0 all "
+        "wrong, 0 all right" in lines
+    )
     comp = {r["policy"]: r for r in demo["comparison"]}
     assert list(comp) == ["none", "plan_only", "mia", "ttrl"] and comp["mia"]["n"] == 2
     for r in comp.values():  # intervals bracket the accuracy; paired differences vs none

@@ -266,6 +266,23 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
     assert [r["planned_questions"] for r in result.rows] == [0, 2, 2]
     assert [r["rollouts"] for r in result.rows] == [2, 4, 4]
     assert [r["step"] for r in result.rows] == [0, 1, 2]  # no update from the lone answers
+    # Each row says whether its GRPO step moved the Planner, as the trainer's own log does:
+    # a step is skipped exactly when every group of the batch is tied.
+    from ttrl.curve import step_report
+
+    logged = [
+        json.loads(line)
+        for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
+        if "reward/groups_all_equal" in line
+    ]
+    assert [r["updated"] for r in result.rows][0] is None  # no planned question: no step
+    assert [r["updated"] for r in result.rows[1:]] == [
+        m["reward/groups_all_equal"] < 1.0 for m in logged
+    ]
+    report = step_report(result.rows)
+    tied = sum(round(2 * m["reward/groups_all_equal"]) for m in logged)
+    assert (report["steps"], report["groups"], report["groups_tied"]) == (2, 4, tied)
+    assert report["steps_without_update"] == sum(r["updated"] is False for r in result.rows)
     first = {q["data_id"]: q for q in result.rows[0]["per_question"]}
     assert first["t0"]["answers"] == ["Founder 0"] and first["t0"]["vote_correct"] == 1.0
     assert first["t1"]["answers"] == ["Nobody"] and first["t1"]["vote_correct"] == 0.0
@@ -389,7 +406,9 @@ def test_question_votes_take_the_majority_answer() -> None:
     from ttrl.run import question_votes
 
     def r(group: str, answer: str, qid: str) -> NS:
-        return NS(group=group, trajectory=NS(final_answer=answer), sample={"data_id": qid})
+        return NS(
+            group=group, trajectory=NS(final_answer=answer), sample={"data_id": qid}, reward=0.5
+        )
 
     ok = [r("g0", "Paris", "a"), r("g0", "paris.", "a"), r("g0", "Rome", "a"),
           r("g1", "X", "b"), r("g1", "Y", "b")]  # fmt: skip
@@ -399,3 +418,4 @@ def test_question_votes_take_the_majority_answer() -> None:
         ("b", "X", 0.0),  # a tie goes to the earliest rollout
     ]
     assert question_votes(ok, [])[0]["vote_correct"] is None  # no ground truth: not judged
+    assert [v["rewards"] for v in votes] == [[0.5, 0.5, 0.5], [0.5, 0.5]]

@@ -88,3 +88,54 @@ def format_curve(rows: Sequence[Mapping[str, Any]], width: int = 30) -> str:
         bar = "#" * filled + " " * (width - filled)
         lines.append(f"batch {int(r['batch']) + 1:>3}  {label} {value:.3f} |{bar}|{tail}")
     return "\n".join(lines)
+
+
+def step_report(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How much the Planner could learn from a pass: GRPO steps tried (batches with a planned
+    question), steps taken without an update (every group tied: all advantages 0), and the
+    groups (questions with more than one plan): tied (equal rewards, no signal), all wrong,
+    all right.
+
+    >>> rows = [{"planned_questions": 2, "updated": False, "per_question": [
+    ...     {"correct": [0.0, 0.0], "rewards": [0.05, 0.05]},
+    ...     {"correct": [1.0, 1.0], "rewards": [0.95, 0.95]}]},
+    ...     {"planned_questions": 1, "updated": True, "per_question": [
+    ...     {"correct": [0.0, 0.0], "rewards": [0.05, 0.15]}, {"correct": [1.0]}]},
+    ...     {"planned_questions": 0, "updated": None, "per_question": [{"correct": [1.0]}]}]
+    >>> step_report(rows)
+    {'batches': 3, 'steps': 2, 'steps_without_update': 1, 'groups': 3, 'groups_tied': 2, 'groups_all_wrong': 2, 'groups_all_right': 1}
+    """
+    groups = [
+        q
+        for r in rows
+        for q in r.get("per_question") or []
+        if len(q.get("correct") or q.get("rewards") or []) > 1
+    ]
+
+    def tied(q: Mapping[str, Any]) -> bool:
+        values = q.get("rewards") or []
+        return bool(values) and max(values) - min(values) < 1e-9
+
+    return {
+        "batches": len(rows),
+        "steps": sum(1 for r in rows if r.get("planned_questions")),
+        "steps_without_update": sum(1 for r in rows if r.get("updated") is False),
+        "groups": len(groups),
+        "groups_tied": sum(1 for q in groups if tied(q)),
+        "groups_all_wrong": sum(1 for q in groups if q.get("correct") and not any(q["correct"])),
+        "groups_all_right": sum(
+            1 for q in groups if q.get("correct") and all(c == 1 for c in q["correct"])
+        ),
+    }
+
+
+def format_steps(report: Mapping[str, int]) -> str:
+    """One line for a terminal: how many steps moved the Planner and why the others did not."""
+    batches = f"{report['batches']} batch" + ("" if report["batches"] == 1 else "es")
+    return (
+        f"GRPO: {report['steps']} steps over {batches} (a batch with no planned "
+        f"question takes none), {report['steps_without_update']} without an update (every "
+        f"group tied); {report['groups']} groups, {report['groups_tied']} tied (equal rewards: "
+        f"no signal); {report['groups_all_wrong']} all wrong, {report['groups_all_right']} all "
+        "right"
+    )

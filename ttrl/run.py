@@ -92,8 +92,8 @@ def executor_usage(trajectories: Sequence[Any]) -> dict[str, float | None]:
 
 
 def question_votes(ok: Sequence[Any], acc: Sequence[float]) -> list[dict[str, Any]]:
-    """Per question (GRPO group): its rollouts' final answers, their accuracy when known, and
-    the majority answer (normalised; ties go to the earliest rollout) with its accuracy."""
+    """Per question (GRPO group): its rollouts' final answers, their accuracy when known, their
+    rewards, and the majority answer (normalised; ties go to the earliest rollout) with its accuracy."""
     from mia.judge.rules import normalize_answer
 
     known = len(acc) == len(ok)
@@ -111,6 +111,7 @@ def question_votes(ok: Sequence[Any], acc: Sequence[float]) -> list[dict[str, An
                 "data_id": str(ok[idx[0]].sample.get("data_id")),
                 "answers": answers,
                 "correct": [acc[i] for i in idx] if known else None,
+                "rewards": [round(float(ok[i].reward), 6) for i in idx],
                 "vote_answer": str(ok[pick].trajectory.final_answer),
                 "vote_correct": acc[pick] if known else None,
             }
@@ -292,6 +293,7 @@ class TTRLRun:
         results: list[Any],
         seconds: float,
         planned: int,
+        updated: bool | None = None,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ok = [r for r in results if r.error is None and r.trajectory is not None]
         acc = self._report_accuracy(trainer, ok)
@@ -302,6 +304,7 @@ class TTRLRun:
             "step": trainer.step,
             "questions": len(samples),
             "planned_questions": planned,  # the others: the Executor alone (plan_without_failure)
+            "updated": updated,  # the GRPO step: None = none tried, False = skipped (all tied)
             "rollouts": len(ok),
             "failed_rollouts": len(results) - len(ok),
             "accuracy": _mean(acc),
@@ -418,8 +421,11 @@ class TTRLRun:
                         results += trainer.collect(
                             alone, n=1, tag=f"alone-b{b}", episode=self.alone_episode
                         )
+                    # Whether the Planner moved: None without a step (no question planned),
+                    # False when the trainer skipped it (every group tied: no signal).
+                    updated = bool(step_metrics.get("actor/updates")) if planned else None
                     row, bank = self._row(
-                        trainer, b, batch, results, time.perf_counter() - t0, len(planned)
+                        trainer, b, batch, results, time.perf_counter() - t0, len(planned), updated
                     )
                     self.journal.write_pending(b, {"row": row, "bank": bank})
                     self._crash("after_update", b)

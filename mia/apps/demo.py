@@ -499,7 +499,9 @@ def ttrl_name(mode: str) -> str:
 def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> dict[str, Any]:
     """The TTRL pass as one table row: accuracy of its answers (the majority of each
     question's n final answers, judged before the batch's update), the mean over single
-    rollouts, per rollout tool calls and Executor tokens."""
+    rollouts, per rollout tool calls and Executor tokens, and its GRPO steps
+    (``ttrl.curve.step_report``)."""
+    from ttrl.curve import step_report
 
     def weighted(key: str) -> float | None:
         pairs = [(r[key], r["rollouts"]) for r in rows if r.get(key) is not None]
@@ -520,6 +522,8 @@ def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> 
         "wall_s": seconds,
         "batches": len(rows),
         "accuracy_per_batch": [r.get("accuracy") for r in rows],
+        # GRPO steps tried and skipped, tied groups: how much the Planner could learn.
+        "grpo": step_report(rows),
     }
 
 
@@ -783,10 +787,12 @@ def _report(
     print(format_comparison(rows, extra))
     for name, res in ttrl_results.items():
         from ttrl import format_curve
+        from ttrl.curve import format_steps, step_report
 
         print()
         print(f"{name} accuracy per batch (each batch judged before the Planner learns from it):")
         print(format_curve(res.rows))
+        print(format_steps(step_report(res.rows)))
     print()
     for r in result.policies:
         print(f"{r.policy:>9}: {r.run_dir / 'results.jsonl'}")
