@@ -106,8 +106,8 @@ class TTRLChoice:
         "in-process Planner's exact log-probs, without a forward pass over every rollout, "
         "43-68 s a batch; memory.evaluate=false: no /batch_evaluate selection-rule files, "
         "which the demo does not show, 12-14 s a batch; reward.evidence_weight=0.1: a wrong plan whose "
-        "searches read the passage holding the answer scores 0.15, not 0.05, so a group of four "
-        "wrong plans is not tied; supervised only, docs/ttrl.md)",
+        "searches read the passage holding the answer scores 0.15, not 0.05, so four wrong plans "
+        "tie only when all or none reached it; supervised only, docs/ttrl.md)",
     )
 
 
