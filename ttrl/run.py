@@ -93,7 +93,8 @@ def executor_usage(trajectories: Sequence[Any]) -> dict[str, float | None]:
 
 def question_votes(ok: Sequence[Any], acc: Sequence[float]) -> list[dict[str, Any]]:
     """Per question (GRPO group): its rollouts' final answers, their accuracy when known, their
-    rewards, and the majority answer (normalised; ties go to the earliest rollout) with its accuracy."""
+    rewards, and the majority answer (normalised; ties go to the earliest rollout) with its
+    accuracy."""
     from mia.judge.rules import normalize_answer
 
     known = len(acc) == len(ok)

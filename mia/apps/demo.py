@@ -785,14 +785,15 @@ def _report(
     print("Accuracy (exact match) with 95% bootstrap intervals; 'vs none' is the paired")
     print("difference in points over the same questions (an interval above 0 is beyond noise):")
     print(format_comparison(rows, extra))
+    grpo = {s["policy"]: s["grpo"] for s in summaries if "grpo" in s}  # ttrl_summary's report
     for name, res in ttrl_results.items():
         from ttrl import format_curve
-        from ttrl.curve import format_steps, step_report
+        from ttrl.curve import format_steps
 
         print()
         print(f"{name} accuracy per batch (each batch judged before the Planner learns from it):")
         print(format_curve(res.rows))
-        print(format_steps(step_report(res.rows)))
+        print(format_steps(grpo[name]))
     print()
     for r in result.policies:
         print(f"{r.policy:>9}: {r.run_dir / 'results.jsonl'}")

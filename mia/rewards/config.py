@@ -68,8 +68,8 @@ class PlannerRewardConfig:
         0.0,
         "partial credit: 1 iff a search result the Executor read (final trace) holds a gold "
         "answer (mia.trace.evidence_in_trace), right or wrong answer; separates the wrong "
-        "plans that searched the right place from the rest, so an all-wrong group is not "
-        "tied. 0 = the reference's reward (docs/ttrl.md)",
+        "plans that searched the right place from the rest, so an all-wrong group ties only "
+        "when all or none reached it. 0 = the reference's reward (docs/ttrl.md)",
     )
 
 

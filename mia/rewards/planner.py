@@ -21,7 +21,7 @@ from typing import Any
 
 from mia.agent.protocol import tags_balanced
 from mia.errors import MiaError
-from mia.judge.base import Judge
+from mia.judge.base import Judge, as_golds
 from mia.prompts.planner import parse_decision, text_after_think
 from mia.rewards.config import PlannerRewardConfig, load_reward_config
 from mia.rewards.grading import answer_from_trace, grade
@@ -133,7 +133,7 @@ async def planner_reward(
     # Without a reflection nothing was decided: the term is 0 for every rollout of the group.
     decision = 1.0 if record.reflected and asked_replan != first.correct else 0.0
     # Partial credit (0 by default, as the reference): the searches reached the answer.
-    answers = [golds] if isinstance(golds, str) else list(golds)
+    answers = as_golds(golds, "planner reward")
     evidence = float(c.evidence_weight != 0 and evidence_in_trace(record.final_trace, answers))
     score = (
         c.acc_final_weight * final.acc
