@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -215,7 +216,9 @@ class OneTurn:
         return Traj()
 
 
-def test_generic_episode_folder_sync_and_dropped_groups(model_dir, tok, tmp_path) -> None:
+def test_generic_episode_folder_sync_and_dropped_groups(
+    model_dir, tok, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
     data = [{"question": "the answer is"}, {"question": "a tool call", "fail": True}]
     cfg = base_cfg(
         model_dir,
@@ -230,7 +233,19 @@ def test_generic_episode_folder_sync_and_dropped_groups(model_dir, tok, tmp_path
         log_rollouts=0,
     )
     with Trainer(cfg, OneTurn(tok), text_reward, data) as trainer:
-        first = trainer.train_on(data)
+        with caplog.at_level(logging.WARNING, logger="mia.rl.trainer"):
+            first = trainer.train_on(data)
+        # Each failed rollout is logged once, with its cause (by collect, before learn drops it).
+        failed = [m for m in caplog.messages if "failed: RuntimeError: tool server down" in m]
+        assert failed == [
+            f"rollout train-1-1/{j} failed: RuntimeError: tool server down" for j in range(3)
+        ]
+        # A collection that is never trained on (TTRL's Executor-alone answers) logs them too.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mia.rl.trainer"):
+            alone = trainer.collect(data[1:], n=1, tag="alone")
+        assert alone[0].error == "RuntimeError: tool server down"
+        assert caplog.messages == ["rollout alone-2-0/0 failed: RuntimeError: tool server down"]
         second = trainer.train_on(data)
         assert trainer.generator.weight_version == 2
         weights = sorted(p.name for p in (tmp_path / "weights").iterdir())

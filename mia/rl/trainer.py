@@ -567,6 +567,9 @@ class Trainer:
             self._collect(list(samples), count, params, self.step + 1, name, episode)
         )
         self._rollout_seconds += time.perf_counter() - t0
+        for r in results:  # every collection, trained on or not (TTRL's Executor-alone ones)
+            if r.error is not None:
+                log.warning("rollout %s/%d failed: %s", r.group, r.index, r.error)
         return results
 
     def learn(self, results: Sequence[RolloutResult], *, log: bool = True) -> dict[str, Any]:
@@ -742,9 +745,6 @@ class Trainer:
         failed = {r.group for r in results if r.error is not None}
         if not failed:
             return results, 0
-        for r in results:
-            if r.error is not None:
-                log.warning("rollout %s/%d failed: %s", r.group, r.index, r.error)
         kept = [r for r in results if r.group not in failed]
         if not kept:
             raise MiaError(f"every rollout group failed at step {self.step + 1}")
