@@ -97,17 +97,21 @@ class TTRLChoice:
             "episode.replan_max_tokens=128",
             "trainer.policy.optim.lr=1.0e-5",
             "trainer.save_freq=-1",
-            "trainer.old_logprobs=rollout",
+            "trainer.sampling.temperature=1.3",
+            "trainer.policy.loss.temperature=1.3",
             "memory.evaluate=false",
             "reward.evidence_weight=0.1",
         ],
         "more configs/ttrl keys, sized for 2 CPU cores (save_freq -1: no checkpoint, the "
-        "demo's adapted Planner is not kept, 1.7 GB and 7 s a run; old_logprobs=rollout: the "
-        "in-process Planner's exact log-probs, without a forward pass over every rollout, "
-        "43-68 s a batch; memory.evaluate=false: no /batch_evaluate selection-rule files, "
-        "which the demo does not show, 12-14 s a batch; reward.evidence_weight=0.1: a wrong plan whose "
-        "searches read the passage holding the answer scores 0.15, not 0.05, so four wrong plans "
-        "tie only when all or none reached it; supervised only, docs/ttrl.md)",
+        "demo's adapted Planner is not kept, 1.7 GB and 7 s a run; plans sampled at "
+        "temperature 1.3 and the loss at the same temperature: at 1.0 the four plans of a "
+        "question were often one plan, and half the groups tied (docs/results.md, 'Plans "
+        "sampled hotter'); the old log-probs are then recomputed (the generator's are of the "
+        "untempered distribution), about 12 s a GRPO step; memory.evaluate=false: no "
+        "/batch_evaluate selection-rule files, which the demo does not show, 12-14 s a batch; "
+        "reward.evidence_weight=0.1: a wrong plan whose searches read the passage holding the "
+        "answer scores 0.15, not 0.05, so four wrong plans tie only when all or none reached "
+        "it; supervised only, docs/ttrl.md)",
     )
 
 
