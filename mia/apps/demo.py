@@ -107,7 +107,7 @@ class TTRLChoice:
         "temperature 1.3 and the loss at the same temperature: at 1.0 the four plans of a "
         "question were often one plan, and half the groups tied (docs/results.md, 'Plans "
         "sampled hotter'); the old log-probs are then recomputed (the generator's are of the "
-        "untempered distribution), about 12 s a GRPO step; memory.evaluate=false: no "
+        "untempered distribution), 3-14 s a GRPO step; memory.evaluate=false: no "
         "/batch_evaluate selection-rule files, which the demo does not show, 12-14 s a batch; "
         "reward.evidence_weight=0.1: a wrong plan whose searches read the passage holding the "
         "answer scores 0.15, not 0.05, so four wrong plans tie only when all or none reached "
