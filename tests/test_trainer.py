@@ -442,13 +442,21 @@ def test_trainer_config_rejects_bad_values(model_dir) -> None:
         ({"old_logprobs": "guess"}, "old_logprobs"),
         ({"weight_sync": "nccl"}, "weight_sync"),
         ({"sampling": {"temp": 1}}, "unknown sampling key"),
-        ({"old_logprobs": "rollout", "policy": {"loss": {"temperature": 0.7}}}, "temperature"),
+        ({"old_logprobs": "rollout", "policy": {"loss": {"temperature": 0.7}}}, "old_logprobs"),
+        ({"sampling": {"temperature": 1.3}}, "policy.loss.temperature=1; set both"),
+        ({"policy": {"loss": {"temperature": 1.3}}}, "sampling.temperature=1 but"),
         ({"workers": {"mode": "ray", "gpus": 2}}, "unknown key"),
         ({"model_path": ""}, "set model_path"),
     ]
     for over, message in cases:
         with pytest.raises(MiaError, match=message):
             TrainerConfig.from_dict({"model_path": str(model_dir), **over})
+    hot = {"sampling": {"temperature": 1.3}, "policy": {"loss": {"temperature": 1.3}}}
+    assert TrainerConfig.from_dict({"model_path": str(model_dir), **hot}).sampling["temperature"]
+    greedy = TrainerConfig.from_dict(
+        {"model_path": str(model_dir), "sampling": {"temperature": 0.0}}
+    )
+    assert greedy.policy.loss.temperature == 1.0
 
 
 def test_console_line_format() -> None:

@@ -184,6 +184,14 @@ class TrainerConfig:
                 "trainer: old_logprobs=rollout needs policy.loss.temperature=1.0 (generators "
                 "return raw log-probs); use old_logprobs=recompute"
             )
+        sampled = float(self.sampling.get("temperature", 1.0))
+        if sampled > 0 and sampled != self.policy.loss.temperature:
+            # The loss would weigh tokens under another distribution than the one that drew them.
+            raise MiaError(
+                f"trainer: sampling.temperature={sampled:g} but policy.loss.temperature="
+                f"{self.policy.loss.temperature:g}; set both to the same value (0 = greedy "
+                "rollouts, any loss temperature)"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:
