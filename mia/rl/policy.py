@@ -107,7 +107,9 @@ class LossConfig:
     kl_kind: str = option("k3", "KL estimator: k1 | k2 | k3 (= veRL low_var_kl)")
     entropy_coef: float = option(0.0, "entropy bonus")
     temperature: float = option(
-        1.0, "logits / temperature, matching the rollout's sampling temperature"
+        1.0,
+        "logits / temperature; must equal the trainer's sampling.temperature (checked; greedy "
+        "rollouts, temperature 0, take any)",
     )
 
 
