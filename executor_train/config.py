@@ -16,7 +16,7 @@ from mia.config import option, section
 from mia.errors import MiaError
 from mia.judge import JudgeConfig
 from mia.rewards.config import ExecutorRewardConfig
-from mia.rl.trainer import TrainerConfig
+from mia.rl.trainer import TrainerConfig, check_loss_temperature
 from mia.roles.common import load_role
 from mia.roles.config import MemoryServices, cpu_trainer
 
@@ -93,6 +93,10 @@ class ExecutorTrainConfig:
             raise MiaError(f"missing_plan must be plan | none, got {self.missing_plan!r}")
         self.agent.validate()
         self.reward.validate()
+        # The Executor loop samples with the agent's settings over the trainer's.
+        sampled = self.agent.sampling.get("temperature")
+        if sampled is not None:
+            check_loss_temperature(float(sampled), self.trainer, "agent.sampling")
         return self
 
 

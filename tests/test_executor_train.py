@@ -27,6 +27,7 @@ from executor_train.train import build_trainer
 from local_search import ServeConfig, build_index, open_index
 from local_search.server import create_search_app
 from mia.data.formats import QAItem, write_parquet_qa
+from mia.errors import MiaError
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
 from mia.planner.prompts import replan_train_messages
@@ -241,3 +242,16 @@ def test_rows_without_a_plan_can_train_the_executor_alone() -> None:
         ExecutorEpisode(None, None, judge=RuleJudge(), missing_plan="sometimes")
     cfg = load_config("default", ["missing_plan=none"])
     assert cfg.missing_plan == "none"
+
+
+def test_the_agents_sampling_temperature_must_be_the_losss() -> None:
+    """The Executor loop samples with agent.sampling over the trainer's, so that is the
+    temperature the loss must match (a tempered rollout scored untempered is refused)."""
+    with pytest.raises(MiaError, match=r"agent.sampling.temperature=0.7 but policy.loss"):
+        load_config("default", ["agent.sampling.temperature=0.7"])
+    both = ["agent.sampling.temperature=0.7", "trainer.policy.loss.temperature=0.7"]
+    assert load_config("default", both).trainer.policy.loss.temperature == 0.7
+    # Greedy rollouts (temperature 0) pass whatever the loss's temperature.
+    assert (
+        load_config("default", ["agent.sampling.temperature=0"]).agent.sampling["temperature"] == 0
+    )

@@ -124,6 +124,22 @@ def test_old_logprobs_from_the_rollout_give_the_recomputed_update(model_dir, tok
     assert runs["recompute"][1] == runs["rollout"][1]  # the same updated policy samples
 
 
+def test_tempered_rollouts_are_scored_at_their_temperature(model_dir, tok, tmp_path) -> None:
+    """Plans sampled at 1.3 (the demo's TTRL) with the loss at 1.3: the recomputed old
+    log-probs are of the tempered distribution, so the first update's ratio is 1; the generator-vs-trainer gap (raw log-probs against tempered ones) is not
+    reported, it would look like a stale generator."""
+    data = [{"question": "the answer is"}, {"question": "a tool call"}]
+    cfg = base_cfg(
+        model_dir, tmp_path, shuffle=False, save_freq=-1, log_rollouts=0, total_steps=1,
+        sampling={"temperature": 1.3}, policy={"loss": {"temperature": 1.3}},
+    )  # fmt: skip
+    with Trainer(cfg, OneTurn(tok), text_reward, data) as trainer:
+        metrics = trainer.train_on(data)
+    assert "rollout/logprob_diff_mean" not in metrics and metrics["actor/updates"] == 1.0
+    assert metrics["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/approx_kl"] == pytest.approx(0.0, abs=1e-5)
+
+
 def test_single_process_steps_checkpoint_and_resume(model_dir, tmp_path) -> None:
     data = make_samples(6, seed=11)
     run = tmp_path / "run"

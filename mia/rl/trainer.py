@@ -184,18 +184,23 @@ class TrainerConfig:
                 "trainer: old_logprobs=rollout needs policy.loss.temperature=1.0 (generators "
                 "return raw log-probs); use old_logprobs=recompute"
             )
-        sampled = float(self.sampling.get("temperature", 1.0))
-        if sampled > 0 and sampled != self.policy.loss.temperature:
-            # The loss would weigh tokens under another distribution than the one that drew them.
-            raise MiaError(
-                f"trainer: sampling.temperature={sampled:g} but policy.loss.temperature="
-                f"{self.policy.loss.temperature:g}; set both to the same value (0 = greedy "
-                "rollouts, any loss temperature)"
-            )
+        check_loss_temperature(SamplingParams(**self.sampling).temperature, self, "sampling")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_loss_temperature(sampled: float, cfg: TrainerConfig, where: str) -> None:
+    """Rollouts sampled at ``sampled`` must be scored by the loss at the same temperature, or
+    the loss weighs tokens under another distribution than the one that drew them (greedy
+    rollouts, temperature 0, take any). ``where`` names the setting that sampled them."""
+    if sampled > 0 and sampled != cfg.policy.loss.temperature:
+        raise MiaError(
+            f"trainer: {where}.temperature={sampled:g} but policy.loss.temperature="
+            f"{cfg.policy.loss.temperature:g}; set both to the same value (0 = greedy rollouts, "
+            "any loss temperature)"
+        )
 
 
 # ----------------------------------------------------------------------------- data position
@@ -610,9 +615,10 @@ class Trainer:
             old, ent = self.policy.compute_logprobs(batch, return_entropy=True)
             batch["old_logprobs"] = old * mask
             metrics["actor/entropy"] = _masked_mean(ent, mask)
-            if rollout_lps is not None:
+            if rollout_lps is not None and cfg.policy.loss.temperature == 1.0:
                 # The gap between generator and trainer log-probs of the same tokens: ~0 when
-                # weight sync works (numerics aside), large when the generator is stale.
+                # weight sync works (numerics aside), large when the generator is stale. Only
+                # untempered: generators return the raw distribution's log-probs.
                 gap = (rollout_lps - batch["old_logprobs"]).abs()
                 metrics["rollout/logprob_diff_mean"] = _masked_mean(gap, mask)
                 metrics["rollout/logprob_diff_max"] = float((gap * mask).max())
