@@ -201,3 +201,24 @@ def test_demo_bad_model_folder_exits_2(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert r.stderr.strip() == f"mia demo: error: --model: not a folder: {tmp_path / 'none'}"
+
+
+def test_demo_bad_ttrl_override_exits_2_before_anything_runs(tmp_path: Path) -> None:
+    """The TTRL pass runs last; its composed config is checked at load, so a bad override is
+    one line and exit 2 before the world, the models or the policies (nothing is written)."""
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "mia.cli", "demo", "--out", str(out),
+         'ttrl.overrides=["trainer.sampling.temperature=1.5"]'],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "mia demo: error: demo config: ttrl (supervised): trainer: sampling.temperature=1.5 but "
+        "policy.loss.temperature=1; set both to the same value (0 = greedy rollouts, any loss "
+        "temperature)"
+    )
+    assert not out.exists()

@@ -251,6 +251,16 @@ class DemoConfig:
             raise MiaError("demo config: ttrl.nogt_method must be vote or panel")
         if self.ttrl.batch_size < 1 or self.ttrl.n < 1:
             raise MiaError("demo config: ttrl.batch_size and ttrl.n must be >= 1")
+        if self.ttrl.enabled:
+            # Composed now, so a bad ttrl.overrides entry fails before the policies run.
+            from ttrl.config import load_config as load_ttrl
+
+            for mode in self.ttrl.modes:
+                over = [f"mode={mode}", f"nogt.method={self.ttrl.nogt_method}"]
+                try:
+                    load_ttrl("default", [*over, *ttrl_overrides(self, mode)])
+                except MiaError as err:
+                    raise MiaError(f"demo config: ttrl ({mode}): {err}") from err
         return self
 
 
@@ -460,7 +470,6 @@ def run_ttrl_stage(
     from ttrl import run_ttrl_pass
 
     started = time.perf_counter()
-    judge_mode = cfg.judge.mode
     run_dir = out / ttrl_name(mode)
     result = run_ttrl_pass(
         _ttrl_questions(world, items, run_dir / "questions.jsonl"),
@@ -472,28 +481,35 @@ def run_ttrl_stage(
         nogt_method=cfg.ttrl.nogt_method,
         batch_size=cfg.ttrl.batch_size,
         n=cfg.ttrl.n,
-        overrides=[
-            *([f"judge.mode={judge_mode}"] if judge_mode else []),
-            # The pass follows the policies' flow: without reflection a rollout is the plan
-            # prompt and the plan (about 2x fewer tokens to train on, no decision or replan).
-            f"episode.reflect={str(cfg.reflect).lower()}",
-            *(
-                ["memory.remember_expected=true"]
-                if cfg.remember_expected and mode == "supervised"
-                else []
-            ),
-            # TTRL plans where mia does (a single answer needs a verdict that is not a vote).
-            *(
-                ["memory.plan_without_failure=false"]
-                if not cfg.plan_without_failure
-                and (mode == "supervised" or cfg.ttrl.nogt_method == "panel")
-                else []
-            ),
-            *cfg.ttrl.overrides,
-        ],
+        overrides=ttrl_overrides(cfg, mode),
     )
     row = ttrl_summary(result.rows, len(items), time.perf_counter() - started)
     return {**row, "policy": ttrl_name(mode)}, result
+
+
+def ttrl_overrides(cfg: DemoConfig, mode: str) -> list[str]:
+    """The configs/ttrl keys of the demo's pass in ``mode`` (``run_ttrl_pass`` adds the data,
+    services, batch and group sizes)."""
+    judge_mode = cfg.judge.mode
+    return [
+        *([f"judge.mode={judge_mode}"] if judge_mode else []),
+        # The pass follows the policies' flow: without reflection a rollout is the plan
+        # prompt and the plan (about 2x fewer tokens to train on, no decision or replan).
+        f"episode.reflect={str(cfg.reflect).lower()}",
+        *(
+            ["memory.remember_expected=true"]
+            if cfg.remember_expected and mode == "supervised"
+            else []
+        ),
+        # TTRL plans where mia does (a single answer needs a verdict that is not a vote).
+        *(
+            ["memory.plan_without_failure=false"]
+            if not cfg.plan_without_failure
+            and (mode == "supervised" or cfg.ttrl.nogt_method == "panel")
+            else []
+        ),
+        *cfg.ttrl.overrides,
+    ]
 
 
 def ttrl_name(mode: str) -> str:

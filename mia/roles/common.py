@@ -60,12 +60,26 @@ def load_role(
     """A role's typed config: the schema's defaults <- ``configs/<role>/<config_name>.yaml``
     (composed) <- overrides, validated (unknown keys and wrong types are one-line errors)."""
     data = compose_role(role, config_name, overrides, schema)
-    return from_dict(schema, data, f"{role} config")
+    return check_trainer(from_dict(schema, data, f"{role} config"))
 
 
 def role_config(schema: type[T], cfg: T | Mapping[str, Any], role: str) -> T:
     """``cfg`` as the role's schema: an instance as is, a composed mapping validated."""
-    return from_dict(schema, cfg, f"{role} config")
+    return check_trainer(from_dict(schema, cfg, f"{role} config"))
+
+
+def check_trainer(cfg: T) -> T:
+    """Validates a copy of the role's ``trainer`` section now, as the Trainer will when it
+    starts (with the model path it will get), so a bad trainer override fails at load, not
+    after the services or the demo's earlier stages have run."""
+    section = getattr(cfg, "trainer", None)
+    if section is None:
+        return cfg
+    from mia.rl.trainer import TrainerConfig  # loaded already: the schema holds one
+
+    if isinstance(section, TrainerConfig):
+        trainer_section(cfg, str(getattr(cfg, "model_path", "") or "unset")).validate()
+    return cfg
 
 
 def resolve_model(path: str) -> str:
