@@ -3,6 +3,7 @@
     python bench/demo_bench.py                 # warm: reuses $MIA_HOME (models, world, index)
     python bench/demo_bench.py --cold          # a fresh MIA_HOME: every build (warm start too)
     python bench/demo_bench.py --home DIR      # that MIA_HOME (cold when empty, warm after)
+    python bench/demo_bench.py --avx2 --cold   # on AVX2 kernels (a CPU without native bf16)
     python bench/demo_bench.py --questions 8 -- agent.max_turns=2     # demo arguments after --
 
 Reports the wall time and the CPU time of the whole process tree (the demo and its three
@@ -29,6 +30,12 @@ from pathlib import Path
 from mia.paths import home_path
 
 ROOT = Path(__file__).resolve().parents[1]
+# What --avx2 sets: torch's dispatch, oneDNN and MKL held to AVX2 (same cores and clock).
+AVX2_KERNELS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
 
 
 def precision_line(output: str) -> str:
@@ -45,10 +52,18 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=None, help="demo --questions")
     p.add_argument("--out", default=None, help="demo --out (default: a temp folder)")
     p.add_argument("--home", default=None, help="MIA_HOME to use (default: the environment's)")
+    p.add_argument(
+        "--avx2",
+        action="store_true",
+        help="hold torch, oneDNN and MKL to their AVX2 kernels (an AVX2 CPU's code path, bf16 "
+        "emulated: the demo must choose float32 itself; docs/results.md)",
+    )
     p.add_argument("demo_args", nargs="*", help="more demo arguments (after --)")
     args = p.parse_args()
 
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if args.avx2:
+        env.update(AVX2_KERNELS)
     home_tmp = tempfile.TemporaryDirectory(prefix="mia-demo-bench-") if args.cold else None
     if home_tmp is not None:
         env["MIA_HOME"] = home_tmp.name
