@@ -93,10 +93,12 @@ class ExecutorTrainConfig:
             raise MiaError(f"missing_plan must be plan | none, got {self.missing_plan!r}")
         self.agent.validate()
         self.reward.validate()
-        # The Executor loop samples with the agent's settings over the trainer's.
+        # The Executor loop samples with the agent's settings over the trainer's: the agent's
+        # temperature is the rollouts', so the trainer's sampling records it (one value to set).
         sampled = self.agent.sampling.get("temperature")
         if sampled is not None:
             check_loss_temperature(float(sampled), self.trainer, "agent.sampling")
+            self.trainer.sampling = {**self.trainer.sampling, "temperature": float(sampled)}
         return self
 
 

@@ -229,7 +229,6 @@ def test_rows_without_a_plan_can_train_the_executor_alone() -> None:
     import asyncio
 
     from executor_train.episode import ExecutorEpisode
-    from mia.errors import MiaError
     from mia.judge.rules import RuleJudge
 
     alone = ExecutorEpisode(None, None, judge=RuleJudge(), missing_plan="none")
@@ -249,14 +248,12 @@ def test_the_agents_sampling_temperature_must_be_the_losss() -> None:
     temperature the loss must match (a tempered rollout scored untempered is refused)."""
     with pytest.raises(MiaError, match=r"agent.sampling.temperature=0.7 but policy.loss"):
         load_config("default", ["agent.sampling.temperature=0.7"])
-    # The trainer's own sampling is checked too (the Trainer refuses it at start otherwise).
-    with pytest.raises(MiaError, match=r"trainer: sampling.temperature=1 but policy.loss"):
-        load_config(
-            "default", ["agent.sampling.temperature=0.7", "trainer.policy.loss.temperature=0.7"]
-        )
-    hot = ["agent.sampling.temperature=0.7", "trainer.policy.loss.temperature=0.7"]
-    hot.append("trainer.sampling.temperature=0.7")
-    assert load_config("default", hot).trainer.policy.loss.temperature == 0.7
+    # Set with the loss's, it is the one value: the trainer's sampling records it, so the
+    # Trainer's own check (run on a copy at load, mia.roles.common.check_trainer) agrees.
+    hot = load_config(
+        "default", ["agent.sampling.temperature=0.7", "trainer.policy.loss.temperature=0.7"]
+    )
+    assert hot.trainer.sampling["temperature"] == 0.7
     # Greedy rollouts (temperature 0) pass whatever the loss's temperature.
     assert (
         load_config("default", ["agent.sampling.temperature=0"]).agent.sampling["temperature"] == 0

@@ -126,8 +126,9 @@ def test_old_logprobs_from_the_rollout_give_the_recomputed_update(model_dir, tok
 
 def test_tempered_rollouts_are_scored_at_their_temperature(model_dir, tok, tmp_path) -> None:
     """Plans sampled at 1.3 (the demo's TTRL) with the loss at 1.3: the recomputed old
-    log-probs are of the tempered distribution, so the first update's ratio is 1; the generator-vs-trainer gap (raw log-probs against tempered ones) is not
-    reported, it would look like a stale generator."""
+    log-probs are of the tempered distribution, so the first update's ratio is 1; the
+    generator-vs-trainer gap (raw log-probs against tempered ones) is not reported, it would
+    look like a stale generator."""
     data = [{"question": "the answer is"}, {"question": "a tool call"}]
     cfg = base_cfg(
         model_dir, tmp_path, shuffle=False, save_freq=-1, log_rollouts=0, total_steps=1,
