@@ -89,16 +89,29 @@ def screenshot_dir(tmp_path: Path) -> Path:
 
 def wait(driver: Any, condition: Any, timeout: float = 30.0) -> Any:
     """Poll ``condition`` until truthy. An element that goes stale mid-check (the page was
-    replaced, e.g. by a form's answer) means "not yet", as a missing one does."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    replaced, e.g. by a form's answer) means "not yet", as a missing one does; Chrome reports
+    some of those as a generic error, "Node with given id does not belong to the document"."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def check(d: Any) -> Any:
+        try:
+            return condition(d)
+        except WebDriverException as err:
+            if "does not belong to the document" in str(err):
+                return False
+            raise
 
     return WebDriverWait(
         driver,
         timeout,
         poll_frequency=0.05,
         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
-    ).until(condition)
+    ).until(check)
 
 
 def severe_logs(driver: Any) -> list[str]:
