@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mia.apps.demo import answer_correct  # noqa: E402
 from mia.eval.stats import format_comparison, paired_bootstrap_ci  # noqa: E402
 from ttrl.curve import format_steps  # noqa: E402
 
@@ -108,7 +109,7 @@ def outcomes_from(out: Path, rows: list[dict]) -> dict[str, dict[str, float]]:
             }
         elif (out / name / "accuracy.jsonl").is_file():
             res[name] = {
-                q["data_id"]: float(q["vote_correct"] or 0)
+                q["data_id"]: float(answer_correct(q) or 0)
                 for line in (out / name / "accuracy.jsonl").read_text().splitlines()
                 if line.strip()
                 for q in json.loads(line).get("per_question") or []

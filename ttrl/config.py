@@ -22,6 +22,7 @@ from mia.roles.common import load_role
 from mia.roles.config import PlannerServices, cpu_episode, cpu_planner_trainer
 from ttrl.rewards import MODES, NOGT_METHODS
 
+ANSWERS = ("vote", "greedy")
 CRASH_POINTS = ("after_update", "after_checkpoint", "after_bank_save", "after_consolidate")
 
 
@@ -95,6 +96,13 @@ class TTRLConfig:
     run_dir: str = option("", '"" = $MIA_HOME/runs/ttrl-<time>; reuse it to resume a killed run')
     resume: bool = option(True, "continue the run found in run_dir (checkpoint + journal)")
     plot: bool = option(True, "write accuracy.png")
+    answer: str = option(
+        "vote",
+        "the answer reported for a planned question: vote (the majority of its n sampled "
+        "answers; the reference) | greedy (one more rollout whose plan is greedy, before the "
+        "batch's update; reported only: neither trained on nor remembered). Sampled plans "
+        "train best hot, but a hot majority answers worse (docs/ttrl.md)",
+    )
     data: TTRLData = section(TTRLData, "the test stream")
     services: PlannerServices = section(
         PlannerServices, "serve and memory_serve (required: TTRL writes its memories there)"
@@ -126,6 +134,8 @@ class TTRLConfig:
     def validate(self) -> TTRLConfig:
         if self.mode not in MODES:
             raise MiaError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.answer not in ANSWERS:
+            raise MiaError(f"answer must be one of {ANSWERS}, got {self.answer!r}")
         if self.mode == "nogt" and self.nogt.method not in NOGT_METHODS:
             raise MiaError(f"nogt.method must be one of {NOGT_METHODS}, got {self.nogt.method!r}")
         if (

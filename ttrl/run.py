@@ -91,10 +91,16 @@ def executor_usage(trajectories: Sequence[Any]) -> dict[str, float | None]:
     }
 
 
-def question_votes(ok: Sequence[Any], acc: Sequence[float]) -> list[dict[str, Any]]:
+def question_votes(
+    ok: Sequence[Any],
+    acc: Sequence[float],
+    reported: Mapping[str, tuple[str, float | None]] | None = None,
+) -> list[dict[str, Any]]:
     """Per question (GRPO group): its rollouts' final answers, their accuracy when known, their
-    rewards, and the majority answer (normalised; ties go to the earliest rollout) with its
-    accuracy."""
+    rewards, the majority answer (normalised; ties go to the earliest rollout) with its
+    accuracy, and the answer reported for the question with its accuracy: ``reported[data_id]``
+    (the separate greedy rollout of ``answer=greedy``: answer, accuracy) where given, else the
+    majority."""
     from mia.judge.rules import normalize_answer
 
     known = len(acc) == len(ok)
@@ -107,14 +113,20 @@ def question_votes(ok: Sequence[Any], acc: Sequence[float]) -> list[dict[str, An
         keys = [normalize_answer(a) for a in answers]
         top = max(keys.count(k) for k in keys)
         pick = next(i for i, k in zip(idx, keys, strict=True) if keys.count(k) == top)
+        data_id = str(ok[idx[0]].sample.get("data_id"))
+        vote = (str(ok[pick].trajectory.final_answer), acc[pick] if known else None)
+        answer = (reported or {}).get(data_id)
         out.append(
             {
-                "data_id": str(ok[idx[0]].sample.get("data_id")),
+                "data_id": data_id,
                 "answers": answers,
                 "correct": [acc[i] for i in idx] if known else None,
                 "rewards": [round(float(ok[i].reward), 6) for i in idx],
-                "vote_answer": str(ok[pick].trajectory.final_answer),
-                "vote_correct": acc[pick] if known else None,
+                "vote_answer": vote[0],
+                "vote_correct": vote[1],
+                "answer": (answer or vote)[0],
+                "answer_correct": (answer or vote)[1],
+                "answer_from": "greedy" if answer else "vote",
             }
         )
     return out
@@ -295,11 +307,23 @@ class TTRLRun:
         seconds: float,
         planned: int,
         updated: bool | None = None,
+        answered: Sequence[Any] = (),
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ok = [r for r in results if r.error is None and r.trajectory is not None]
         acc = self._report_accuracy(trainer, ok)
         judged = [1.0 if r.extras.get("judgement") == "correct" else 0.0 for r in ok]
-        per_question = question_votes(ok, acc)
+        # answer=greedy: each planned question's reported answer is its greedy rollout (a
+        # failed one falls back to the majority).
+        greedy = [r for r in answered if r.error is None and r.trajectory is not None]
+        greedy_acc = self._report_accuracy(trainer, greedy)
+        reported = {
+            str(r.sample.get("data_id")): (
+                str(r.trajectory.final_answer),
+                greedy_acc[i] if len(greedy_acc) == len(greedy) else None,
+            )
+            for i, r in enumerate(greedy)
+        }
+        per_question = question_votes(ok, acc, reported)
         row: dict[str, Any] = {
             "batch": batch,
             "step": trainer.step,
@@ -309,11 +333,17 @@ class TTRLRun:
             "rollouts": len(ok),
             "failed_rollouts": len(results) - len(ok),
             "accuracy": _mean(acc),
-            # The answer TTRL gives per question: the majority of its n final answers (no
-            # ground truth needed); its accuracy, next to the mean over single rollouts.
+            # The majority of each question's n final answers (no ground truth needed) and the
+            # answer TTRL gives (that majority, or with answer=greedy the greedy rollout's),
+            # next to the mean over single rollouts.
             "accuracy_vote": _mean(
                 [q["vote_correct"] for q in per_question if q["vote_correct"] is not None]
             ),
+            "accuracy_answer": _mean(
+                [q["answer_correct"] for q in per_question if q["answer_correct"] is not None]
+            ),
+            "answer_rollouts": len(greedy),
+            "failed_answer_rollouts": len(answered) - len(greedy),
             "per_question": per_question,
             "accuracy_first": _mean(
                 [float(r.extras["acc_first"]) for r in ok if "acc_first" in r.extras]
@@ -416,6 +446,17 @@ class TTRLRun:
                     batch = self._with_memories(self.samples[lo : lo + self.batch_size])
                     planned, alone = self._gate(batch)
                     results = trainer.collect(planned, tag=f"b{b}") if planned else []
+                    # answer=greedy: the answer reported for a planned question comes from one
+                    # more rollout with a greedy plan, collected before the update (it must not
+                    # have learnt from this batch's verdicts); the sampled ones train the
+                    # Planner and go to memory, this one only answers.
+                    answered = (
+                        trainer.collect(
+                            planned, n=1, sampling={"temperature": 0.0}, tag=f"answer-b{b}"
+                        )
+                        if planned and self.cfg.answer == "greedy"
+                        else []
+                    )
                     # Unlogged: its row is logged below with the ttrl/* keys of the batch.
                     step_metrics = trainer.learn(results, log=False) if results else {}
                     if alone:
@@ -426,7 +467,14 @@ class TTRLRun:
                     # False when the trainer skipped it (every group tied: no signal).
                     updated = bool(step_metrics.get("actor/updates")) if planned else None
                     row, bank = self._row(
-                        trainer, b, batch, results, time.perf_counter() - t0, len(planned), updated
+                        trainer,
+                        b,
+                        batch,
+                        results,
+                        time.perf_counter() - t0,
+                        len(planned),
+                        updated,
+                        answered,
                     )
                     self.journal.write_pending(b, {"row": row, "bank": bank})
                     self._crash("after_update", b)

@@ -26,6 +26,7 @@ import copy
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -517,9 +518,10 @@ def ttrl_name(mode: str) -> str:
 
 
 def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> dict[str, Any]:
-    """The TTRL pass as one table row: accuracy of its answers (the majority of each
-    question's n final answers, judged before the batch's update), the mean over single
-    rollouts, per rollout tool calls and Executor tokens, and its GRPO steps
+    """The TTRL pass as one table row: accuracy of its answers (per question the majority of
+    its n final answers, or with ``answer=greedy`` its greedy rollout's; judged before the
+    batch's update), the majority's accuracy, the mean over single rollouts, per rollout tool
+    calls and Executor tokens, and its GRPO steps
     (``ttrl.curve.step_report``)."""
     from ttrl.curve import step_report
 
@@ -531,7 +533,8 @@ def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> 
     return {
         "policy": "ttrl",
         "questions": questions,
-        "accuracy": _vote_accuracy(rows),
+        "accuracy": _answer_accuracy(rows),
+        "accuracy_vote": _answer_accuracy(rows, "vote_correct"),
         "accuracy_rollouts": weighted("accuracy"),
         "tool_calls_per_question": weighted("tool_calls_per_rollout"),
         "turns_per_question": weighted("turns_per_rollout"),
@@ -547,22 +550,29 @@ def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> 
     }
 
 
-def _vote_accuracy(rows: list[dict[str, Any]]) -> float | None:
-    votes = [q["vote_correct"] for r in rows for q in r.get("per_question") or []]
+def answer_correct(q: Mapping[str, Any]) -> float | None:
+    """A TTRL question's reported verdict (``per_question`` of ``accuracy.jsonl``); runs before
+    ``answer`` existed reported the majority."""
+    return q.get("answer_correct", q.get("vote_correct"))
+
+
+def _answer_accuracy(rows: list[dict[str, Any]], key: str = "") -> float | None:
+    qs = [q for r in rows for q in r.get("per_question") or []]
+    votes = [q.get(key) if key else answer_correct(q) for q in qs]
     votes = [v for v in votes if v is not None]
     return sum(votes) / len(votes) if votes else None
 
 
 def outcomes_of(result: Any, ttrl_results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """policy -> {question id -> correct}: the eval policies' rows and TTRL's majority answers
-    (a question TTRL could not answer counts as wrong)."""
+    """policy -> {question id -> correct}: the eval policies' rows and TTRL's answers (a
+    question TTRL could not answer counts as wrong)."""
     out = {
         r.policy: {row["id"]: float(bool(row["correct"])) for row in r.rows}
         for r in result.policies
     }
     for name, res in ttrl_results.items():
         votes = {
-            q["data_id"]: float(q["vote_correct"] or 0.0)
+            q["data_id"]: float(answer_correct(q) or 0.0)
             for r in res.rows
             for q in r.get("per_question") or []
         }
