@@ -129,8 +129,10 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     assert (out / "ttrl" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     demo = json.loads((out / "demo.json").read_text())
     assert [s["policy"] for s in demo["summaries"]] == ["none", "plan_only", "mia", "ttrl"]
-    # TTRL's answer per question is the majority of its n answers
-    assert demo["summaries"][-1]["accuracy"] == ttrl_rows[0]["accuracy_vote"]
+    # TTRL's answer per question: the majority of its n answers or, answer=greedy, its greedy
+    # rollout's (nothing planned here: each question's one answer)
+    assert demo["summaries"][-1]["accuracy"] == ttrl_rows[0]["accuracy_answer"]
+    assert demo["summaries"][-1]["accuracy_vote"] == ttrl_rows[0]["accuracy_vote"]
     assert demo["summaries"][-1]["accuracy_rollouts"] == ttrl_rows[0]["accuracy"]
     # ... and says how much the Planner could learn: nothing planned, so no GRPO step.
     assert demo["summaries"][-1]["grpo"] == {

@@ -302,6 +302,42 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
                                 "memory.plan_without_failure=false"])  # fmt: skip
 
 
+def test_greedy_answer_is_reported_not_trained_on_or_remembered(
+    model: Path, tmp_path: Path
+) -> None:
+    """answer=greedy: per planned question one more rollout, its plan greedy, collected after
+    the n sampled ones and before the update; its answer is the one reported (answer_correct,
+    the row's accuracy_answer), the sampled ones alone are the GRPO group and the memories."""
+    with _stream(model, tmp_path, executor_reply) as (args, service, backend):
+        result = run_ttrl(load_config("default", [*args, "answer=greedy"]))
+        records = service.store.records()
+    calls = [(question_of(c["messages"]), plan_of(c["messages"]), c) for c in backend.calls]
+    assert len(calls) == 18  # 3 batches x 2 questions x (2 sampled + 1 greedy)
+    reply = {  # question -> its greedy rollout's answer: the last 2 calls of each batch of 6
+        q: executor_reply(c["messages"])[len("<answer>") : -len("</answer>")]
+        for b in range(3)
+        for q, _, c in calls[6 * b + 4 : 6 * b + 6]
+    }
+    sampled_plans = {p for b in range(3) for _, p, _ in calls[6 * b : 6 * b + 4]}
+    assert [r["rollouts"] for r in result.rows] == [4, 4, 4]  # the GRPO groups: sampled only
+    assert [r["answer_rollouts"] for r in result.rows] == [2, 2, 2]
+    assert [r["step"] for r in result.rows] == [1, 2, 3]
+    questions = [q for r in result.rows for q in r["per_question"]]
+    gold = {f"t{i}": a for i, a in enumerate(QUESTIONS.values())}
+    by_id = {f"t{i}": q for i, q in enumerate(QUESTIONS)}
+    for q in questions:
+        assert q["answer_from"] == "greedy" and len(q["answers"]) == 2
+        assert q["answer"] == reply[by_id[q["data_id"]]]
+        assert q["answer_correct"] == float(q["answer"] == gold[q["data_id"]])
+        assert q["vote_correct"] == float(q["vote_answer"] == gold[q["data_id"]])
+    for r in result.rows:
+        got = [q["answer_correct"] for q in r["per_question"]]
+        assert r["accuracy_answer"] == sum(got) / len(got)
+    assert {r.plan for r in records} <= sampled_plans  # memory holds the sampled rollouts
+    with pytest.raises(MiaError, match="answer must be one of"):
+        load_config("default", [*args, "answer=best"])
+
+
 # ----------------------------------------------------------------------------- learning check
 
 GOOD_PLAN = "1. Search for the entity.\n2. Answer."
@@ -419,3 +455,14 @@ def test_question_votes_take_the_majority_answer() -> None:
     ]
     assert question_votes(ok, [])[0]["vote_correct"] is None  # no ground truth: not judged
     assert [v["rewards"] for v in votes] == [[0.5, 0.5, 0.5], [0.5, 0.5]]
+    # Without a separate answer the reported one is the majority; with one, that one.
+    assert [(v["answer"], v["answer_correct"], v["answer_from"]) for v in votes] == [
+        ("Paris", 1.0, "vote"),
+        ("X", 0.0, "vote"),
+    ]
+    given = question_votes(ok, [1.0, 1.0, 0.0, 0.0, 1.0], {"b": ("Y", 1.0)})
+    assert [(v["answer"], v["answer_correct"], v["answer_from"]) for v in given] == [
+        ("Paris", 1.0, "vote"),
+        ("Y", 1.0, "greedy"),
+    ]
+    assert given[1]["vote_answer"] == "X"
