@@ -100,8 +100,8 @@ class TTRLConfig:
         "vote",
         "the answer reported for a planned question: vote (the majority of its n sampled "
         "answers; the reference) | greedy (one more rollout whose plan is greedy, before the "
-        "batch's update; reported only: neither trained on nor remembered). Sampled plans "
-        "train best hot, but a hot majority answers worse (docs/ttrl.md)",
+        "batch's update; reported only: neither trained on nor remembered; one more Executor "
+        "rollout per planned question; measured in docs/ttrl.md)",
     )
     data: TTRLData = section(TTRLData, "the test stream")
     services: PlannerServices = section(
