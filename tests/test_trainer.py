@@ -263,6 +263,14 @@ def test_generic_episode_folder_sync_and_dropped_groups(
             alone = trainer.collect(data[1:], n=1, tag="alone")
         assert alone[0].error == "RuntimeError: tool server down"
         assert caplog.messages == ["rollout alone-2-0/0 failed: RuntimeError: tool server down"]
+        # ... and so does an evaluation, which counts them next to its means.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mia.rl.trainer"):
+            val = trainer.evaluate(data, n=2)
+        assert caplog.messages == [
+            f"rollout val-1-1/{j} failed: RuntimeError: tool server down" for j in range(2)
+        ]
+        assert (val["val/n"], val["val/failed"]) == (2.0, 2.0)
         second = trainer.train_on(data)
         assert trainer.generator.weight_version == 2
         weights = sorted(p.name for p in (tmp_path / "weights").iterdir())

@@ -280,6 +280,13 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
+def _log_failed(results: Sequence[RolloutResult]) -> None:
+    """One warning per failed rollout, with its cause: a dropped rollout is never silent."""
+    for r in results:
+        if r.error is not None:
+            log.warning("rollout %s/%d failed: %s", r.group, r.index, r.error)
+
+
 class Trainer:
     """``Trainer(cfg, episode, reward_fn, dataset).fit()``; also a context manager.
 
@@ -580,9 +587,7 @@ class Trainer:
             self._collect(list(samples), count, params, self.step + 1, name, episode)
         )
         self._rollout_seconds += time.perf_counter() - t0
-        for r in results:  # every collection, trained on or not (TTRL's Executor-alone ones)
-            if r.error is not None:
-                log.warning("rollout %s/%d failed: %s", r.group, r.index, r.error)
+        _log_failed(results)  # every collection, trained on or not (TTRL's Executor-alone ones)
         return results
 
     def learn(self, results: Sequence[RolloutResult], *, log: bool = True) -> dict[str, Any]:
@@ -781,10 +786,15 @@ class Trainer:
         results = self._run(
             self._collect(samples, n or self.cfg.val_n, SamplingParams(**params), self.step, "val")
         )
+        _log_failed(results)
         ok = [r for r in results if r.error is None]
         if not ok:
             raise MiaError("evaluate: every rollout failed")
-        out = {"val/reward_mean": _mean([r.reward for r in ok]), "val/n": float(len(ok))}
+        out = {
+            "val/reward_mean": _mean([r.reward for r in ok]),
+            "val/n": float(len(ok)),
+            "val/failed": float(len(results) - len(ok)),
+        }
         for key, values in _numeric_extras(ok).items():
             out[f"val/{key}"] = _mean(values)
         return out
