@@ -26,7 +26,7 @@ import copy
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -534,7 +534,7 @@ def ttrl_summary(rows: list[dict[str, Any]], questions: int, seconds: float) -> 
         "policy": "ttrl",
         "questions": questions,
         "accuracy": _answer_accuracy(rows),
-        "accuracy_vote": _answer_accuracy(rows, "vote_correct"),
+        "accuracy_vote": _answer_accuracy(rows, lambda q: q.get("vote_correct")),
         "accuracy_rollouts": weighted("accuracy"),
         "tool_calls_per_question": weighted("tool_calls_per_rollout"),
         "turns_per_question": weighted("turns_per_rollout"),
@@ -556,11 +556,13 @@ def answer_correct(q: Mapping[str, Any]) -> float | None:
     return q.get("answer_correct", q.get("vote_correct"))
 
 
-def _answer_accuracy(rows: list[dict[str, Any]], key: str = "") -> float | None:
-    qs = [q for r in rows for q in r.get("per_question") or []]
-    votes = [q.get(key) if key else answer_correct(q) for q in qs]
-    votes = [v for v in votes if v is not None]
-    return sum(votes) / len(votes) if votes else None
+def _answer_accuracy(
+    rows: list[dict[str, Any]],
+    verdict: Callable[[Mapping[str, Any]], float | None] = answer_correct,
+) -> float | None:
+    got = [verdict(q) for r in rows for q in r.get("per_question") or []]
+    got = [v for v in got if v is not None]
+    return sum(got) / len(got) if got else None
 
 
 def outcomes_of(result: Any, ttrl_results: dict[str, Any]) -> dict[str, dict[str, float]]:
