@@ -148,6 +148,8 @@ class ExecutorService:
             "images": images,
             "plan": req.plan,
             "data_id": None if req.data_id is None else str(req.data_id),
+            "temperature": req.temperature,
+            "seed": req.seed,
         }
         traj = await self._guard(self.loop.run(task))
         return _response(traj, trace=traj.trace, turns=traj.turns, calls=traj.tool_calls)

@@ -165,6 +165,26 @@ def test_execute_exact_payload_and_alias(server: str) -> None:
     }
 
 
+def test_execute_samples_when_asked(search_url: str) -> None:
+    """A request's temperature and seed sample that run (every turn of it); without them the
+    run takes the service's sampling (greedy here)."""
+    service = _service(search_url)
+    with ServerThread(create_serve_app(service)) as url:
+        body = {"question": QUESTION, "plan": ""}
+        assert post(url, "/execute", body).status_code == 200
+        plain = len(service.backend.calls)
+        resp = post(url, "/execute", {**body, "temperature": 0.8, "seed": 7})
+        assert resp.status_code == 200, resp.text
+    calls = service.backend.calls
+    assert plain == 2 and len(calls) == 4  # a search turn, then the answer
+    assert [(c["params"].temperature, c["params"].seed) for c in calls] == [
+        (0.0, None),
+        (0.0, None),
+        (0.8, 7),
+        (0.8, 7),
+    ]
+
+
 def test_continue_and_replan_limit(server: str) -> None:
     first = post(server, "/execute", {"question": QUESTION, "plan": ""}).json()
     body = {"question": QUESTION, "messages": first["messages"], "replan": "1. verify the year"}
@@ -274,6 +294,8 @@ def test_image_question_and_continue_with_placeholders(search_url: str, image_ca
         ("/execute", {"question": "q", "plan": "", "images": ["not an image!"]}, 422, "bad_image", "images[0]: not base64 or a data URL"),
         ("/execute", {"question": "q", "plan": "", "images": ["/etc/hostname"]}, 422, "bad_image", "images[0]: not base64 or a data URL"),
         ("/execute", {"question": "q", "plan": "", "images": [base64.b64encode(b"nope").decode()]}, 422, "bad_image", "images[0]: cannot decode image bytes as an image (4 bytes)"),
+        ("/execute", {"question": "q", "plan": "", "temperature": 2.5}, 422, "invalid_request", "temperature: Input should be less than or equal to 2"),
+        ("/execute", {"question": "q", "plan": "", "seed": -1}, 422, "invalid_request", "seed: Input should be greater than or equal to 0"),
         ("/continue", {"question": "q", "messages": [{"role": "user", "content": "x"}], "replan": "r"}, 422, "invalid_request", "messages: List should have at least 2 items"),
         ("/continue", {"question": "q", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "x"}], "replan": "r"}, 422, "invalid_request", "messages must end with the Executor's (assistant) turn"),
         ("/continue", {"question": "q", "messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}], "replan": "r"}, 422, "invalid_request", "messages[1]: needs a role in ('system', 'user', 'assistant', 'tool')"),

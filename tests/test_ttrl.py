@@ -297,9 +297,64 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
     }
     with pytest.raises(MiaError, match="remember_expected needs mode=supervised"):
         load_config("default", [*args, "mode=nogt", "memory.remember_expected=true"])
-    with pytest.raises(MiaError, match="plan_without_failure=false needs"):
+    with pytest.raises(MiaError, match="needs memory.alone_samples >= 2"):
         load_config("default", [*args, "mode=nogt", "nogt.method=vote",
                                 "memory.plan_without_failure=false"])  # fmt: skip
+
+
+def test_nogt_gate_remembers_the_answers_that_lose_the_alone_vote(
+    model: Path, tmp_path: Path
+) -> None:
+    """mode=nogt, nogt.method=vote, memory.plan_without_failure=false, memory.alone_samples=3:
+    an unplanned question is answered by the Executor three times (the first greedy, two
+    sampled at alone_temperature with their rollout's seed) and by their majority; an answer
+    that loses the vote is a failure in memory, so the next question of its kind is planned."""
+    sent: list[tuple[float, int | None]] = []
+    backend: dict[str, Any] = {}
+
+    def reply(messages) -> str:
+        q = question_of(messages)
+        if plan_of(messages):
+            return executor_reply(messages)
+        params = backend["chat"].calls[-1]["params"]  # the request being answered
+        sent.append((params.temperature, params.seed))
+        if params.temperature == 0.0 or q.endswith("0?"):
+            return f"<answer>{QUESTIONS[q]}</answer>"  # question 0: the samples agree
+        return f"<answer>Guess {params.seed}</answer>"  # question 1: they all differ
+
+    with _stream(model, tmp_path, reply) as (args, service, chat):
+        backend["chat"] = chat
+        gate = [
+            "mode=nogt",
+            "nogt.method=vote",
+            "memory.plan_without_failure=false",
+            "memory.alone_samples=3",
+            "memory.alone_temperature=0.8",
+        ]
+        result = run_ttrl(load_config("default", [*args, *gate]))
+        records = service.store.records()
+    # batch 1: 2 questions x 3 alone runs, one greedy and two sampled (distinct seeds) each
+    assert sorted(t for t, _ in sent) == [0.0, 0.0, 0.8, 0.8, 0.8, 0.8]
+    seeds = [s for t, s in sent if t == 0.8]
+    assert None not in seeds and len(set(seeds)) == 4
+    assert all(s is None for t, s in sent if t == 0.0)
+    assert [r["planned_questions"] for r in result.rows] == [0, 2, 2]
+    assert [r["step"] for r in result.rows] == [0, 1, 2]  # the alone votes train nothing
+    first = {q["data_id"]: q for q in result.rows[0]["per_question"]}
+    assert first["t0"]["answers"] == ["Founder 0"] * 3 and first["t0"]["answer_correct"] == 1.0
+    # A three-way tie goes to the earliest rollout: the greedy answer.
+    assert first["t1"]["answers"][0] == "Founder 1" and len(set(first["t1"]["answers"])) == 3
+    assert (first["t1"]["answer"], first["t1"]["answer_correct"]) == ("Founder 1", 1.0)
+    alone = sorted(
+        (r.question, r.judgement, r.extra["answer"].startswith("Guess"))
+        for r in records
+        if r.extra.get("batch") == 0
+    )
+    assert alone == [  # consolidated: per question its best agreeing and one losing answer
+        ("Who founded company number 0?", "correct", False),
+        ("Who founded company number 1?", "correct", False),
+        ("Who founded company number 1?", "incorrect", True),
+    ]
 
 
 def test_greedy_answer_is_reported_not_trained_on_or_remembered(

@@ -62,9 +62,21 @@ class TTRLMemory:
     plan_without_failure: bool = option(
         True,
         "plan every question (the reference); false = plan only the questions whose /memory "
-        "shows a failed similar question, the others answered by the Executor alone (one "
-        "rollout, judged and remembered, no Planner update), as mia eval's option of the same "
-        "name; needs a verdict on a single answer (mode=supervised or nogt.method=panel)",
+        "shows a failed similar question, the others answered by the Executor alone "
+        "(alone_samples rollouts, judged and remembered, no Planner update), as mia eval's "
+        "option of the same name; mode=nogt with nogt.method=vote needs alone_samples >= 2 (a "
+        "lone answer always wins its own vote)",
+    )
+    alone_samples: int = option(
+        1,
+        "Executor rollouts per question answered alone (plan_without_failure=false): 1 = one "
+        "greedy answer; k > 1 = the greedy answer and k-1 sampled at alone_temperature, the "
+        "question answered by their majority (ties: the greedy one). Under mode=nogt with "
+        "nogt.method=vote an answer that loses this vote is remembered as a failure, so the "
+        "next question of its kind is planned: the gate without ground truth (docs/ttrl.md)",
+    )
+    alone_temperature: float = option(
+        0.8, "serve's sampling temperature for the alone rollouts after the first"
     )
 
 
@@ -138,14 +150,20 @@ class TTRLConfig:
             raise MiaError(f"answer must be one of {ANSWERS}, got {self.answer!r}")
         if self.mode == "nogt" and self.nogt.method not in NOGT_METHODS:
             raise MiaError(f"nogt.method must be one of {NOGT_METHODS}, got {self.nogt.method!r}")
+        if self.memory.alone_samples < 1 or not 0.0 <= self.memory.alone_temperature <= 2.0:
+            raise MiaError(
+                "memory.alone_samples must be >= 1 and memory.alone_temperature in [0, 2]"
+            )
         if (
             not self.memory.plan_without_failure
             and self.mode == "nogt"
             and self.nogt.method == "vote"
+            and self.memory.alone_samples < 2
         ):
             raise MiaError(
-                "memory.plan_without_failure=false needs mode=supervised or nogt.method=panel: "
-                "an unplanned question has one answer, which always wins its own vote"
+                "memory.plan_without_failure=false with mode=nogt and nogt.method=vote needs "
+                "memory.alone_samples >= 2: an unplanned question's lone answer always wins its "
+                "own vote, so no failure would ever be remembered"
             )
         if self.memory.remember_expected and self.mode == "nogt":
             raise MiaError("memory.remember_expected needs mode=supervised (the ground truth)")

@@ -176,7 +176,9 @@ class TTRLRun:
         self.judge = judge
         self.panel = panel
         self.generator = generator
-        self.alone_episode = ExecutorAloneEpisode(self.executor)
+        self.alone_episode = ExecutorAloneEpisode(
+            self.executor, temperature=cfg.memory.alone_temperature
+        )
 
     @staticmethod
     def _default_run_dir() -> Path:
@@ -461,7 +463,10 @@ class TTRLRun:
                     step_metrics = trainer.learn(results, log=False) if results else {}
                     if alone:
                         results += trainer.collect(
-                            alone, n=1, tag=f"alone-b{b}", episode=self.alone_episode
+                            alone,
+                            n=self.cfg.memory.alone_samples,
+                            tag=f"alone-b{b}",
+                            episode=self.alone_episode,
                         )
                     # Whether the Planner moved: None without a step (no question planned),
                     # False when the trainer skipped it (every group tied: no signal).

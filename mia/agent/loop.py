@@ -70,6 +70,15 @@ class ExecutorTask:
     plan: str | None = None
     data_id: str | None = None
     image_caption: str | None = None
+    # This run's sampling, over the loop's (None: the loop's): a caller that wants several
+    # different answers to one question (TTRL's Executor-alone vote) samples them.
+    temperature: float | None = None
+    seed: int | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """The run's overrides of the loop's sampling parameters."""
+        over = {"temperature": self.temperature, "seed": self.seed}
+        return {k: v for k, v in over.items() if v is not None}
 
     @classmethod
     def coerce(cls, task: ExecutorTask | Mapping[str, Any]) -> ExecutorTask:
@@ -86,6 +95,8 @@ class ExecutorTask:
             plan=data.get("plan"),
             data_id=None if data_id is None else str(data_id),
             image_caption=data.get("image_caption"),
+            temperature=data.get("temperature"),
+            seed=data.get("seed"),
         )
 
 
@@ -141,6 +152,8 @@ class ExecutorLoop:
             num_question_images=len(images),
         )
         traj.attempts.append(Attempt(plan=task.plan, start_message=1))
+        if task.sampling():
+            traj.state["sampling"] = task.sampling()
         await self.policy.begin(traj)
         await self._drive(traj)
         return traj
@@ -232,7 +245,11 @@ class ExecutorLoop:
             if room < 1:
                 self._stop(traj, STOP_CONTEXT)
                 return
-            params = replace(self.params, max_tokens=max(1, min(self.params.max_tokens, room)))
+            params = replace(
+                self.params,
+                max_tokens=max(1, min(self.params.max_tokens, room)),
+                **traj.state.get("sampling", {}),
+            )
             gen = await self.policy.generate(traj, params)
             attempt.turns += 1
             traj.turns += 1

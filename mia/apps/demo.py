@@ -91,6 +91,13 @@ class TTRLChoice:
     )
     batch_size: int = option(4, "questions per batch: one Planner GRPO step each")
     n: int = option(2, "plans per question (the GRPO group)")
+    nogt_alone_samples: int = option(
+        3,
+        "nogt with vote: the Executor answers an unplanned question this many times (the "
+        "first greedy, the others sampled) and the majority answers it; an answer that loses "
+        "the vote is remembered as a failure, so the pass plans where mia does: where memory "
+        "shows one (docs/ttrl.md); chosen on the dev world 9 (docs/results.md)",
+    )
     overrides: list[str] = option(
         [
             "episode.plan_max_tokens=160",
@@ -194,7 +201,7 @@ class DemoConfig:
         "mia: plan when similar memories are all successes (true); false = the Executor "
         "answers alone then, as in none: the Planner plans where memory shows the Executor "
         "failing (chosen on the dev world 9, docs/results.md); the TTRL passes likewise "
-        "(supervised, and nogt with the panel: a lone answer would always win its own vote)",
+        "(nogt with vote remembers the answers that lose a vote of ttrl.nogt_alone_samples)",
     )
     drop_leaked_plans: bool = option(
         True,
@@ -502,11 +509,12 @@ def ttrl_overrides(cfg: DemoConfig, mode: str) -> list[str]:
             if cfg.remember_expected and mode == "supervised"
             else []
         ),
-        # TTRL plans where mia does (a single answer needs a verdict that is not a vote).
+        # TTRL plans where mia does. Without ground truth a vote needs several answers: the
+        # unplanned Executor's, and the ones that lose are the failures the gate reads.
+        *(["memory.plan_without_failure=false"] if not cfg.plan_without_failure else []),
         *(
-            ["memory.plan_without_failure=false"]
-            if not cfg.plan_without_failure
-            and (mode == "supervised" or cfg.ttrl.nogt_method == "panel")
+            [f"memory.alone_samples={cfg.ttrl.nogt_alone_samples}"]
+            if not cfg.plan_without_failure and mode == "nogt" and cfg.ttrl.nogt_method == "vote"
             else []
         ),
         *cfg.ttrl.overrides,

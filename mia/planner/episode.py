@@ -159,19 +159,54 @@ class PlannerEpisode:
 
 
 class ExecutorAloneEpisode:
-    """``await ExecutorAloneEpisode(executor).run(sample, rollout) -> PlannerRun``: the flow with
-    no Planner (``none``'s: no plan, no reflection), as an episode. TTRL answers with it the
-    questions it does not plan (``memory.plan_without_failure=false``); its rollouts carry no
-    Planner tokens, so they are scored and remembered, never trained on."""
+    """``await ExecutorAloneEpisode(executor, temperature).run(sample, rollout) -> PlannerRun``:
+    the flow with no Planner (``none``'s: no plan, no reflection), as an episode. TTRL answers
+    with it the questions it does not plan (``memory.plan_without_failure=false``); its rollouts
+    carry no Planner tokens, so they are scored and remembered, never trained on.
 
-    def __init__(self, executor: Executor) -> None:
+    Rollout 0 runs with the Executor's own sampling (greedy on the shipped services); with a
+    ``temperature``, rollouts 1.. ask serve to sample at it, seeded by the rollout, so a group of
+    them is a vote over the Executor's answers (``memory.alone_samples``)."""
+
+    def __init__(self, executor: Executor, temperature: float | None = None) -> None:
+        self.executor = executor
+        self.temperature = temperature
         self.flow = PlannerFlow(NoPlanner(), executor)
 
     async def run(self, sample: Mapping[str, Any], rollout: Rollout) -> PlannerRun:
         task = Task.from_sample(sample)
         # No memory_ids: the Executor never saw the memories, so their scores learn nothing.
         run = PlannerRun(task=task, group=rollout.group, index=rollout.index)
-        return await self.flow.run(task, run)
+        flow = self.flow
+        if rollout.index > 0 and self.temperature is not None:
+            seed = None if rollout.seed is None else rollout.seed % 2**31
+            sampled = _SampledExecutor(self.executor, self.temperature, seed)
+            flow = PlannerFlow(NoPlanner(), sampled)
+        return await flow.run(task, run)
+
+
+class _SampledExecutor:
+    """An Executor whose ``/execute`` runs sample at ``temperature`` with ``seed``."""
+
+    def __init__(self, executor: Any, temperature: float, seed: int | None) -> None:
+        self.executor = executor
+        self.temperature = temperature
+        self.seed = seed
+
+    async def execute(
+        self, question: str, plan: str, *, data_id: str | None = None, images: Any = ()
+    ) -> dict[str, Any]:
+        return await self.executor.execute(
+            question,
+            plan,
+            data_id=data_id,
+            images=images,
+            temperature=self.temperature,
+            seed=self.seed,
+        )
+
+    async def continue_(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return await self.executor.continue_(*args, **kwargs)
 
 
 def planner_segments(rollout: PlannerRun) -> list[tuple[str, int, int]]:

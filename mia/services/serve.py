@@ -42,6 +42,15 @@ class ExecuteRequest(_Request):
     image_caption: str | list[str] | None = Field(
         default=None, description="accepted for compatibility; not shown to the Executor"
     )
+    temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=2.0,
+        description="this run's sampling temperature; null = the service's (llm.sampling)",
+    )
+    seed: int | None = Field(
+        default=None, ge=0, description="this run's sampling seed (with a temperature > 0)"
+    )
 
 
 class ContinueRequest(_Request):
@@ -134,12 +143,18 @@ class ExecutorClient(ServiceClient):
         *,
         data_id: str | None = None,
         images: Sequence[str] | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"question": question, "plan": plan}
         if data_id is not None:
             body["data_id"] = data_id
         if images:
             body["images"] = list(images)
+        if temperature is not None:
+            body["temperature"] = temperature
+        if seed is not None:
+            body["seed"] = seed
         return await self.post("/execute", body)
 
     async def continue_(
