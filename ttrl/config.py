@@ -71,9 +71,9 @@ class TTRLMemory:
         1,
         "Executor rollouts per question answered alone (plan_without_failure=false): 1 = one "
         "greedy answer; k > 1 = the greedy answer and k-1 sampled at alone_temperature, the "
-        "question answered by their majority (ties: the greedy one). Under mode=nogt with "
-        "nogt.method=vote an answer that loses this vote is remembered as a failure, so the "
-        "next question of its kind is planned: the gate without ground truth (docs/ttrl.md)",
+        "question answered by their majority (ties: the greedy one). Under mode=nogt a "
+        "question whose answers disagree is remembered as a failure, so the next question of "
+        "its kind is planned: the gate without ground truth (docs/ttrl.md)",
     )
     alone_temperature: float = option(
         0.8, "serve's sampling temperature for the alone rollouts after the first"

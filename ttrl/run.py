@@ -52,6 +52,8 @@ from ttrl.config import CRASH_POINTS, TTRLConfig, load_config
 from ttrl.rewards import PanelReward, VoteGroupReward, pending_vote
 
 log = logging.getLogger("ttrl")
+# The tag of the Executor-alone collections (their group ids start with it).
+ALONE_TAG = "alone"
 
 __all__ = ["CRASH_POINTS", "TTRLResult", "TTRLRun", "run_ttrl", "run_ttrl_pass"]
 
@@ -130,6 +132,18 @@ def question_votes(
             }
         )
     return out
+
+
+def _doubted_alone_groups(ok: Sequence[Any]) -> set[str]:
+    """The groups of Executor-alone rollouts (tag ``alone-...``) whose final answers are not
+    all one (SQuAD-normalised)."""
+    from mia.judge.rules import normalize_answer
+
+    answers: dict[str, set[str]] = {}
+    for r in ok:
+        if str(r.group).startswith(f"{ALONE_TAG}-"):
+            answers.setdefault(r.group, set()).add(normalize_answer(r.trajectory.final_answer))
+    return {g for g, forms in answers.items() if len(forms) > 1}
 
 
 def _fingerprint(samples: Sequence[Mapping[str, Any]], batch_size: int, n: int) -> str:
@@ -359,8 +373,21 @@ class TTRLRun:
             "seconds": round(seconds, 3),
         }
         expected = self.cfg.memory.remember_expected
+        # mode=nogt: an unplanned question whose Executor answers disagree is remembered as a
+        # failure (their majority still answers it). Without ground truth their doubt is the
+        # only sign of one, and memory keeps one memory per question, so a losing answer
+        # stored beside the winning one would be dropped and the gate would never plan.
+        doubted = _doubted_alone_groups(ok) if self.mode == "nogt" else set()
         bank = [
-            bank_item(r.sample, r.trajectory, r.extras, self.mode, batch, r.reward, expected)
+            bank_item(
+                r.sample,
+                r.trajectory,
+                {**r.extras, "judgement": "incorrect"} if r.group in doubted else r.extras,
+                self.mode,
+                batch,
+                r.reward,
+                expected,
+            )
             for r in ok
         ]
         return row, bank
@@ -465,7 +492,7 @@ class TTRLRun:
                         results += trainer.collect(
                             alone,
                             n=self.cfg.memory.alone_samples,
-                            tag=f"alone-b{b}",
+                            tag=f"{ALONE_TAG}-b{b}",
                             episode=self.alone_episode,
                         )
                     # Whether the Planner moved: None without a step (no question planned),

@@ -94,9 +94,9 @@ class TTRLChoice:
     nogt_alone_samples: int = option(
         3,
         "nogt with vote: the Executor answers an unplanned question this many times (the "
-        "first greedy, the others sampled) and the majority answers it; an answer that loses "
-        "the vote is remembered as a failure, so the pass plans where mia does: where memory "
-        "shows one (docs/ttrl.md); chosen on the dev world 9 (docs/results.md)",
+        "first greedy, the others sampled) and the majority answers it; a question whose "
+        "answers disagree is remembered as a failure, so the pass plans as mia does: where "
+        "memory shows one (docs/ttrl.md); chosen on the dev world 9 (docs/results.md)",
     )
     overrides: list[str] = option(
         [
@@ -201,7 +201,7 @@ class DemoConfig:
         "mia: plan when similar memories are all successes (true); false = the Executor "
         "answers alone then, as in none: the Planner plans where memory shows the Executor "
         "failing (chosen on the dev world 9, docs/results.md); the TTRL passes likewise "
-        "(nogt with vote remembers the answers that lose a vote of ttrl.nogt_alone_samples)",
+        "(nogt with vote: a question whose ttrl.nogt_alone_samples answers disagree is a failure)",
     )
     drop_leaked_plans: bool = option(
         True,
