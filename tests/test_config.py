@@ -425,3 +425,22 @@ def test_demo_keeps_a_local_manager_out_of_the_memory_loop() -> None:
     cfg.cold_start = "sometimes"
     with pytest.raises(MiaError, match="cold_start must be auto, true or false"):
         cfg.validate()
+
+
+def test_demo_ttrl_passes_plan_where_mia_does() -> None:
+    """The demo's TTRL passes take mia's gate (plan_without_failure: false); the no-GT pass
+    with the vote answers an unplanned question by a vote of ttrl.nogt_alone_samples Executor
+    runs (a lone answer always wins its own vote, and the load refuses fewer than 2)."""
+    from mia.apps.demo import load_demo_config, ttrl_overrides
+
+    cfg = load_demo_config("efficacy", [])
+    sup, nogt = ttrl_overrides(cfg, "supervised"), ttrl_overrides(cfg, "nogt")
+    assert (
+        "memory.plan_without_failure=false" in sup and "memory.plan_without_failure=false" in nogt
+    )
+    assert not any(o.startswith("memory.alone_samples") for o in sup)
+    assert "memory.alone_samples=3" in nogt
+    panel = load_demo_config("efficacy", ["ttrl.nogt_method=panel"])
+    assert not any(o.startswith("memory.alone_samples") for o in ttrl_overrides(panel, "nogt"))
+    with pytest.raises(MiaError, match="needs memory.alone_samples >= 2"):
+        load_demo_config("efficacy", ["ttrl.nogt_alone_samples=1"]).validate()
