@@ -143,14 +143,14 @@ class ExecutorService:
 
     async def execute(self, req: ExecuteRequest) -> dict[str, Any]:
         images = self._images(req)
-        task = {
-            "question": req.question,
-            "images": images,
-            "plan": req.plan,
-            "data_id": None if req.data_id is None else str(req.data_id),
-            "temperature": req.temperature,
-            "seed": req.seed,
-        }
+        task = ExecutorTask(
+            question=req.question,
+            images=images,
+            plan=req.plan,
+            data_id=None if req.data_id is None else str(req.data_id),
+            temperature=req.temperature,
+            seed=req.seed,
+        )
         traj = await self._guard(self.loop.run(task))
         return _response(traj, trace=traj.trace, turns=traj.turns, calls=traj.tool_calls)
 

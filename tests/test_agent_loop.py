@@ -671,3 +671,20 @@ def test_token_policy_refuses_images(tiny: Any) -> None:
     loop = ExecutorLoop(TokenPolicy(chat), [], AgentConfig())
     with pytest.raises(MiaError, match="this engine.s model takes no images"):
         run(loop.run({"question": "q", "images": [_png((0, 0, 0))]}))
+
+
+def test_a_task_samples_only_when_it_says_so() -> None:
+    """An ExecutorTask's temperature and seed sample its run (serve's /execute passes them); a
+    plain mapping never does, so a dataset row with a "seed" column cannot pin the n rollouts
+    of a GRPO group to one sample."""
+    from mia.agent.loop import ExecutorTask
+
+    loop, chat = make_loop(["<answer>a</answer>"] * 3)
+    run(loop.run({"question": "q?", "seed": 3, "temperature": 1.0}))
+    run(loop.run(ExecutorTask(question="q?", temperature=0.7, seed=11)))
+    run(loop.run(ExecutorTask(question="q?")))
+    assert [(c["params"].temperature, c["params"].seed) for c in chat.calls] == [
+        (0.0, None),
+        (0.7, 11),
+        (0.0, None),
+    ]

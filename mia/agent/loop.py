@@ -95,9 +95,7 @@ class ExecutorTask:
             plan=data.get("plan"),
             data_id=None if data_id is None else str(data_id),
             image_caption=data.get("image_caption"),
-            temperature=data.get("temperature"),
-            seed=data.get("seed"),
-        )
+        )  # sampling only from an ExecutorTask: a dataset row's "seed" column is not one
 
 
 def sampling_for(policy: Policy, cfg: AgentConfig) -> SamplingParams:
