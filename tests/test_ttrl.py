@@ -302,9 +302,7 @@ def test_plans_only_where_memory_shows_a_failure(model: Path, tmp_path: Path) ->
                                 "memory.plan_without_failure=false"])  # fmt: skip
 
 
-def test_nogt_gate_remembers_the_answers_that_lose_the_alone_vote(
-    model: Path, tmp_path: Path
-) -> None:
+def test_nogt_gate_remembers_a_doubted_question_as_a_failure(model: Path, tmp_path: Path) -> None:
     """mode=nogt, nogt.method=vote, memory.plan_without_failure=false, memory.alone_samples=3:
     an unplanned question is answered by the Executor three times (the first greedy, two
     sampled at alone_temperature with their rollout's seed) and by their majority; a question
