@@ -71,7 +71,7 @@ class TTRLMemory:
         1,
         "Executor rollouts per question answered alone (plan_without_failure=false): 1 = one "
         "greedy answer; k > 1 = the greedy answer and k-1 sampled at alone_temperature, the "
-        "question answered by their majority (ties: the greedy one). Under mode=nogt a "
+        "question answered by their majority (ties: the greedy one). Under nogt.method=vote a "
         "question whose answers disagree is remembered as a failure, so the next question of "
         "its kind is planned: the gate without ground truth (docs/ttrl.md)",
     )

@@ -52,8 +52,6 @@ from ttrl.config import CRASH_POINTS, TTRLConfig, load_config
 from ttrl.rewards import PanelReward, VoteGroupReward, pending_vote
 
 log = logging.getLogger("ttrl")
-# The tag of the Executor-alone collections (their group ids start with it).
-ALONE_TAG = "alone"
 
 __all__ = ["CRASH_POINTS", "TTRLResult", "TTRLRun", "run_ttrl", "run_ttrl_pass"]
 
@@ -134,14 +132,13 @@ def question_votes(
     return out
 
 
-def _doubted_alone_groups(ok: Sequence[Any]) -> set[str]:
-    """The groups of Executor-alone rollouts (tag ``alone-...``) whose final answers are not
-    all one (SQuAD-normalised)."""
+def _doubted_groups(results: Sequence[Any]) -> set[str]:
+    """The groups whose finished rollouts' final answers are not all one (SQuAD-normalised)."""
     from mia.judge.rules import normalize_answer
 
     answers: dict[str, set[str]] = {}
-    for r in ok:
-        if str(r.group).startswith(f"{ALONE_TAG}-"):
+    for r in results:
+        if r.error is None and r.trajectory is not None:
             answers.setdefault(r.group, set()).add(normalize_answer(r.trajectory.final_answer))
     return {g for g, forms in answers.items() if len(forms) > 1}
 
@@ -324,6 +321,7 @@ class TTRLRun:
         planned: int,
         updated: bool | None = None,
         answered: Sequence[Any] = (),
+        doubted: set[str] | frozenset[str] = frozenset(),
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ok = [r for r in results if r.error is None and r.trajectory is not None]
         acc = self._report_accuracy(trainer, ok)
@@ -373,11 +371,7 @@ class TTRLRun:
             "seconds": round(seconds, 3),
         }
         expected = self.cfg.memory.remember_expected
-        # mode=nogt: an unplanned question whose Executor answers disagree is remembered as a
-        # failure (their majority still answers it). Without ground truth their doubt is the
-        # only sign of one, and memory keeps one memory per question, so a losing answer
-        # stored beside the winning one would be dropped and the gate would never plan.
-        doubted = _doubted_alone_groups(ok) if self.mode == "nogt" else set()
+        # doubted: the no-GT vote's alone groups whose answers disagree, remembered as failures
         bank = [
             bank_item(
                 r.sample,
@@ -488,13 +482,27 @@ class TTRLRun:
                     )
                     # Unlogged: its row is logged below with the ttrl/* keys of the batch.
                     step_metrics = trainer.learn(results, log=False) if results else {}
-                    if alone:
-                        results += trainer.collect(
+                    alone_results = (
+                        trainer.collect(
                             alone,
                             n=self.cfg.memory.alone_samples,
-                            tag=f"{ALONE_TAG}-b{b}",
+                            tag=f"alone-b{b}",
                             episode=self.alone_episode,
                         )
+                        if alone
+                        else []
+                    )
+                    results += alone_results
+                    # Without ground truth (the vote) an unplanned question whose Executor
+                    # answers disagree is remembered as a failure, its majority still answering
+                    # it: their doubt is the only sign of one, and memory keeps one memory per
+                    # question, so a losing answer stored beside the winner would be dropped
+                    # and the gate would never plan.
+                    doubted = (
+                        _doubted_groups(alone_results)
+                        if self.mode == "nogt" and self.method == "vote"
+                        else set()
+                    )
                     # Whether the Planner moved: None without a step (no question planned),
                     # False when the trainer skipped it (every group tied: no signal).
                     updated = bool(step_metrics.get("actor/updates")) if planned else None
@@ -507,6 +515,7 @@ class TTRLRun:
                         len(planned),
                         updated,
                         answered,
+                        doubted,
                     )
                     self.journal.write_pending(b, {"row": row, "bank": bank})
                     self._crash("after_update", b)

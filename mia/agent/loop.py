@@ -150,8 +150,8 @@ class ExecutorLoop:
             num_question_images=len(images),
         )
         traj.attempts.append(Attempt(plan=task.plan, start_message=1))
-        if task.sampling():
-            traj.state["sampling"] = task.sampling()
+        if over := task.sampling():
+            traj.state["sampling"] = over
         await self.policy.begin(traj)
         await self._drive(traj)
         return traj

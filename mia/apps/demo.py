@@ -509,8 +509,8 @@ def ttrl_overrides(cfg: DemoConfig, mode: str) -> list[str]:
             if cfg.remember_expected and mode == "supervised"
             else []
         ),
-        # TTRL plans where mia does. Without ground truth a vote needs several answers: the
-        # unplanned Executor's, and the ones that lose are the failures the gate reads.
+        # TTRL plans where mia does. Without ground truth the vote needs several answers of
+        # the unplanned Executor; a question whose answers disagree is the failure it reads.
         *(["memory.plan_without_failure=false"] if not cfg.plan_without_failure else []),
         *(
             [f"memory.alone_samples={cfg.ttrl.nogt_alone_samples}"]

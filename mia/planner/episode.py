@@ -188,7 +188,7 @@ class ExecutorAloneEpisode:
 class _SampledExecutor:
     """An Executor whose ``/execute`` runs sample at ``temperature`` with ``seed``."""
 
-    def __init__(self, executor: Any, temperature: float, seed: int | None) -> None:
+    def __init__(self, executor: Executor, temperature: float, seed: int | None) -> None:
         self.executor = executor
         self.temperature = temperature
         self.seed = seed

@@ -272,8 +272,17 @@ class Executor(Protocol):
     """The Executor behind the flow (serve's JSON answers)."""
 
     async def execute(
-        self, question: str, plan: str, *, data_id: str | None = None, images: Sequence[str] = ()
-    ) -> dict[str, Any]: ...
+        self,
+        question: str,
+        plan: str,
+        *,
+        data_id: str | None = None,
+        images: Sequence[str] = (),
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> dict[str, Any]:
+        """``temperature`` / ``seed``: sample this run (None: the Executor's own sampling)."""
+        ...
 
     async def continue_(
         self,
