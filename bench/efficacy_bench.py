@@ -5,6 +5,7 @@
     python bench/efficacy_bench.py -- ttrl.n=6        # more demo overrides after --
     python bench/efficacy_bench.py --baselines        # + mem0, amem, expel, memento,
                                                       #   reasoningbank (configs/demo/baselines.yaml)
+    python bench/efficacy_bench.py --bf16             # the machine's own precision (faster)
 
 It runs ``mia demo --config configs/demo/efficacy.yaml`` (the held-out world seed 1, its first
 64 text test questions, policies none / plan_only / rag / mia, then TTRL supervised and no-GT) and
@@ -14,6 +15,12 @@ calls, tokens and seconds per question. It writes ``efficacy.json`` and ``effica
 the run, prints the table and the targets (mia - none >= +10 points with the paired interval
 above 0; TTRL - mia >= +5 points with its interval above 0). Nothing here is tuned on the
 held-out world: docs/results.md lists every choice and when it was made.
+
+It runs in float32 (``MIA_BF16=0``) on every machine, so its table is the same wherever it runs:
+batched bfloat16 decoding depends on which requests share a batch, which depends on timing,
+and moved a few answers from run to run (docs/results.md). A CPU without native bf16 runs
+float32 anyway; ``--bf16`` keeps the precision the machine would choose (about twice as fast
+where bf16 is native, not reproducible).
 
 ``--baselines`` runs configs/demo/baselines.yaml instead: the same questions with none,
 plan_only, rag, the five memory baselines (docs/baselines.md) and mia, no TTRL, in one table,
@@ -127,6 +134,11 @@ def main() -> None:
         action="store_true",
         help="the memory baselines too (configs/demo/baselines.yaml; no TTRL)",
     )
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="the precision the machine chooses (bf16 where native: faster, not reproducible)",
+    )
     p.add_argument("demo_args", nargs="*", help="more demo arguments / overrides (after --)")
     args = p.parse_args()
     if args.config is None:
@@ -139,7 +151,11 @@ def main() -> None:
     cmd += args.demo_args
     print("$", " ".join(cmd), flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if not args.bf16:
+        # float32 decodes every question the same way in every run and on every machine.
+        env["MIA_BF16"] = "0"
+    proc = subprocess.run(cmd, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(proc.returncode)
     demo = json.loads((out / "demo.json").read_text())
@@ -159,6 +175,7 @@ def main() -> None:
     lines += [f"{name}: {format_steps(report)}" for name, report in grpo.items()]
     record = {
         "command": " ".join(cmd),
+        "precision": "machine's choice" if args.bf16 else "float32",
         "world": demo["world"],
         "questions": demo["questions"],
         "comparison": rows,
