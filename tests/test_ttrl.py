@@ -118,6 +118,12 @@ def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: 
         # batch 1 consolidated: per question its best correct and/or one incorrect rollout
         assert 2 <= len(service.store) <= 4
         assert [r["batch"] for r in map(json.loads, (run_dir / "accuracy.jsonl").open())] == [0]
+        # Resuming under another memory rule is refused before anything is written.
+        kept = (len(service.store), service.store.stats()["buffered_rollouts"])
+        with pytest.raises(MiaError, match="other data, batch or memory settings"):
+            run_ttrl(load_config("default", [*args, "memory.alone_samples=2"]))
+        assert (len(service.store), service.store.stats()["buffered_rollouts"]) == kept
+        assert Journal(run_dir / "ttrl_state").next_batch == 1
 
         result = run_ttrl(load_config("default", args))
 

@@ -143,9 +143,17 @@ def _doubted_groups(results: Sequence[Any]) -> set[str]:
     return {g for g, forms in answers.items() if len(forms) > 1}
 
 
-def _fingerprint(samples: Sequence[Mapping[str, Any]], batch_size: int, n: int) -> str:
+def _fingerprint(
+    samples: Sequence[Mapping[str, Any]], batch_size: int, n: int, cfg: TTRLConfig
+) -> str:
+    """What a resumed run must share with the journal it continues: the questions, the batches
+    and every setting that changes what a batch answers and remembers (a run resumed with
+    another ``memory.alone_samples`` would gate its later batches by another rule)."""
     ids = json.dumps([str(s.get("data_id")) for s in samples])
-    return hashlib.sha256(f"{ids}|{batch_size}|{n}".encode()).hexdigest()[:16]
+    m = cfg.memory
+    rule = [cfg.mode, cfg.nogt.method, cfg.answer, m.plan_without_failure, m.alone_samples,
+            m.alone_temperature, m.remember_expected]  # fmt: skip
+    return hashlib.sha256(f"{ids}|{batch_size}|{n}|{json.dumps(rule)}".encode()).hexdigest()[:16]
 
 
 class TTRLRun:
@@ -423,12 +431,12 @@ class TTRLRun:
         metrics: list[dict[str, Any]] = []
         try:
             with trainer:
-                fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n)
+                fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n, self.cfg)
                 state = self.journal.load()
                 if state and state.get("fingerprint") != fp:
                     raise MiaError(
-                        f"{self.run_dir} holds a TTRL run over other data or batch settings; "
-                        "use another run_dir"
+                        f"{self.run_dir} holds a TTRL run over other data, batch or memory "
+                        "settings; use another run_dir"
                     )
                 if state and not trainer.cfg.resume:
                     raise MiaError(
