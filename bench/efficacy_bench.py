@@ -16,11 +16,12 @@ the run, prints the table and the targets (mia - none >= +10 points with the pai
 above 0; TTRL - mia >= +5 points with its interval above 0). Nothing here is tuned on the
 held-out world: docs/results.md lists every choice and when it was made.
 
-It runs in float32 (``MIA_BF16=0``) on every machine, so its table is the same wherever it runs:
-batched bfloat16 decoding depends on which requests share a batch, which depends on timing,
-and moved a few answers from run to run (docs/results.md). A CPU without native bf16 runs
-float32 anyway; ``--bf16`` keeps the precision the machine would choose (about twice as fast
-where bf16 is native, not reproducible).
+It runs the embedded roles in float32 (``MIA_BF16=0``) on every CPU, so its table is the same
+from run to run and from machine to machine: batched bfloat16 decoding depends on which
+requests share a batch, which depends on timing, and moved a few answers from run to run
+(docs/results.md). A CPU without native bf16 runs float32 anyway; ``--bf16`` keeps the
+precision the machine would choose (1.6x faster where bf16 is native: 3,459 s against 5,503
+s on the VM of docs/results.md; not reproducible).
 
 ``--baselines`` runs configs/demo/baselines.yaml instead: the same questions with none,
 plan_only, rag, the five memory baselines (docs/baselines.md) and mia, no TTRL, in one table,
