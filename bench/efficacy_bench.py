@@ -20,8 +20,8 @@ It runs the embedded roles in float32 (``MIA_BF16=0``) on every CPU, so its tabl
 from run to run and from machine to machine: batched bfloat16 decoding depends on which
 requests share a batch, which depends on timing, and moved a few answers from run to run
 (docs/results.md). A CPU without native bf16 runs float32 anyway; ``--bf16`` keeps the
-precision the machine would choose (1.6x faster where bf16 is native: 3,459 s against 5,503
-s on the VM of docs/results.md; not reproducible).
+precision the machine would choose (faster where bf16 is native: 3,459 s against 5,503 s on
+the VM of docs/results.md, the float32 run sharing it with a niced job; not reproducible).
 
 ``--baselines`` runs configs/demo/baselines.yaml instead: the same questions with none,
 plan_only, rag, the five memory baselines (docs/baselines.md) and mia, no TTRL, in one table,
