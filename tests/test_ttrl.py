@@ -120,9 +120,11 @@ def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: 
         assert [r["batch"] for r in map(json.loads, (run_dir / "accuracy.jsonl").open())] == [0]
         # Resuming under another memory rule is refused before anything is written.
         kept = (len(service.store), service.store.stats()["buffered_rollouts"])
+        files = {f: f.stat().st_size for f in run_dir.rglob("*")}
         with pytest.raises(MiaError, match="other data, batch or memory settings"):
             run_ttrl(load_config("default", [*args, "memory.alone_samples=2"]))
         assert (len(service.store), service.store.stats()["buffered_rollouts"]) == kept
+        assert {f: f.stat().st_size for f in run_dir.rglob("*")} == files
         assert Journal(run_dir / "ttrl_state").next_batch == 1
 
         result = run_ttrl(load_config("default", args))

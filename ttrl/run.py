@@ -430,19 +430,21 @@ class TTRLRun:
         trainer = self._trainer()
         metrics: list[dict[str, Any]] = []
         try:
+            # Whether this run_dir may be (re)entered at all is the journal's to say: asked
+            # before the trainer loads the Planner and its generator.
+            fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n, self.cfg)
+            state = self.journal.load()
+            if state and state.get("fingerprint") != fp:
+                raise MiaError(
+                    f"{self.run_dir} holds a TTRL run over other data, batch or memory "
+                    "settings; use another run_dir"
+                )
+            if state and not trainer.cfg.resume:
+                raise MiaError(
+                    f"{self.run_dir} holds a TTRL run; resume=true continues it, or use "
+                    "another run_dir"
+                )
             with trainer:
-                fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n, self.cfg)
-                state = self.journal.load()
-                if state and state.get("fingerprint") != fp:
-                    raise MiaError(
-                        f"{self.run_dir} holds a TTRL run over other data, batch or memory "
-                        "settings; use another run_dir"
-                    )
-                if state and not trainer.cfg.resume:
-                    raise MiaError(
-                        f"{self.run_dir} holds a TTRL run; resume=true continues it, or use "
-                        "another run_dir"
-                    )
                 ckpt = latest_checkpoint(trainer.ckpt_dir) if trainer.cfg.resume else None
                 ckpt_batch = self._checkpoint_batch(trainer, ckpt) if ckpt is not None else 0
                 nb = self.journal.next_batch
