@@ -167,6 +167,8 @@ def test_single_process_steps_checkpoint_and_resume(model_dir, tmp_path) -> None
         "time/sync",
     ):
         assert isinstance(recs[-1][key], float), key
+    # The process's resident memory (mia/heap.py trims it after each phase) and its peak.
+    assert 0 < recs[-1]["perf/rss_gb"] <= recs[-1]["perf/max_rss_gb"]
     assert recs[0]["rollout/n"] == 8.0 and recs[0]["actor/updates"] == 1.0
     # Every rollout stops after its one turn of at most 6 tokens.
     assert recs[0]["response/policy_tokens_max"] <= 6

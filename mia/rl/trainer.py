@@ -46,6 +46,7 @@ import torch
 
 from mia.config import from_dict, option, section
 from mia.errors import MiaError
+from mia.heap import peak_resident_bytes, resident_bytes, trim_heap
 from mia.llm.base import SamplingParams
 from mia.rl.episode import Episode, Rollout, SeededGenerator, collate, mix_seed
 from mia.rl.generators.base import GeneratorConfig
@@ -587,6 +588,7 @@ class Trainer:
             self._collect(list(samples), count, params, self.step + 1, name, episode)
         )
         self._rollout_seconds += time.perf_counter() - t0
+        trim_heap()  # the rollouts' KV caches, before the update allocates: mia/heap.py
         _log_failed(results)  # every collection, trained on or not (TTRL's Executor-alone ones)
         return results
 
@@ -860,6 +862,11 @@ class Trainer:
         m["perf/tokens_per_s"] = total_tokens / max(timing["step"], 1e-9)
         m["perf/gen_tokens_per_s"] = float(policy_tokens.sum()) / max(timing["rollout"], 1e-9)
         m["perf/total_tokens"] = total_tokens
+        rss, peak = resident_bytes(), peak_resident_bytes()
+        if rss is not None and peak is not None:
+            # This process: the generator's, and the policy's with workers.mode=single_process.
+            m["perf/rss_gb"] = rss / 2**30
+            m["perf/max_rss_gb"] = peak / 2**30
         return m
 
     def _dump_rollouts(self, results: list[RolloutResult]) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from mia.config import option
 from mia.errors import MiaError
+from mia.heap import trim_heap
 from mia.rl import dist as D
 from mia.rl.policy import Batch, PolicyConfig, PolicyModel, batch_size, concat_batches, slice_batch
 
@@ -103,10 +104,16 @@ class PolicyWorker:
         }
 
     def train_step(self, batch: Batch) -> dict[str, float]:
-        return self.policy.train_step(batch)
+        try:
+            return self.policy.train_step(batch)
+        finally:
+            trim_heap()  # the update's activations and logits: mia/heap.py
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
-        return self.policy.sft_step(batch)
+        try:
+            return self.policy.sft_step(batch)
+        finally:
+            trim_heap()
 
     def compute_logprobs(self, batch: Batch, return_entropy: bool = False) -> Any:
         return self.policy.compute_logprobs(batch, return_entropy=return_entropy)
