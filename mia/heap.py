@@ -5,10 +5,10 @@ reuse instead of returning it, and a GRPO step frees tensors of many sizes: the 
 KV caches, then the update's activations and logits. Chunks of one phase's sizes serve the
 next phase's badly, so the process's resident memory climbs step after step although what is
 live stays the same. Measured on the embedded 135M Executor (``experiment=embedded_sft_grpo``,
-8 questions x 4 rollouts a step, 2 cores): 6.4 GB resident after the first update of a
-resumed run, 9.5 GB two steps later; ``malloc_trim(0)`` called from outside at that point
-brought it to 2.5 GB (docs/rl.md, "Memory"). The run that held 11.3 GB at its ninth step was
-killed by the out-of-memory killer beside another job.
+8 questions x 4 rollouts a step, 2 cores): 6.4 GiB resident in the first update of a resumed
+run, 12.0 GiB in its fifth; ``malloc_trim(0)`` called from outside brought it from 9.0 to
+2.4 GiB at once. With the trims below the same steps hold 2.7 GiB between steps (docs/rl.md,
+"Memory").
 
 :func:`trim_heap` is called where a phase ends: by the Trainer after each rollout phase and by
 the policy worker after each update. ``malloc_trim`` walks every arena and releases whole free
