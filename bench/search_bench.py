@@ -26,7 +26,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -40,18 +39,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from mia.heap import peak_resident_bytes, resident_bytes  # noqa: E402
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def _isolated(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -136,12 +126,12 @@ def _latencies(search: Callable[[list[str]], Any], queries: list[str]) -> dict[s
 def child_bm25_build(corpus: str, out: str) -> dict[str, Any]:
     from local_search import build_index
 
-    rss0 = _rss()
+    rss0 = resident_bytes()
     t0 = time.perf_counter()
     build_index(corpus, out, "bm25")
     return {
         "build_s": time.perf_counter() - t0,
-        "build_peak_ram": _peak_rss() - rss0,
+        "build_peak_ram": peak_resident_bytes() - rss0,
         "disk": _dir_size(Path(out)),
         "disk_index": _dir_size(Path(out), skip=("docs.jsonl", "docs.offsets.npy")),
     }
@@ -150,7 +140,7 @@ def child_bm25_build(corpus: str, out: str) -> dict[str, Any]:
 def child_bm25_query(index: str, queries: list[str]) -> dict[str, Any]:
     from local_search import open_index
 
-    rss0 = _rss()
+    rss0 = resident_bytes()
     t0 = time.perf_counter()
     r = open_index(index)
     load_s = time.perf_counter() - t0
@@ -160,7 +150,7 @@ def child_bm25_query(index: str, queries: list[str]) -> dict[str, Any]:
     res["qps_batch"] = len(queries) / (time.perf_counter() - t0)
     res["top_ids"] = [[str(h.id) for h in row] for row in hits]
     res["load_s"] = load_s
-    res["serve_ram"] = _rss() - rss0
+    res["serve_ram"] = resident_bytes() - rss0
     return res
 
 
@@ -178,14 +168,14 @@ def child_rank_bm25(corpus: str, queries: list[str], num_queries: int) -> dict[s
     def tok(text: str) -> list[str]:
         return stem([w for w in split(text.lower()) if w not in stop])
 
-    rss0 = _rss()
+    rss0 = resident_bytes()
     t0 = time.perf_counter()
     with open(corpus, encoding="utf-8") as f:
         docs = [tok(json.loads(line)["contents"]) for line in f]
     model = BM25Okapi(docs)
     del docs
     build_s = time.perf_counter() - t0
-    build_ram = _rss() - rss0
+    build_ram = resident_bytes() - rss0
 
     def search(qs: list[str]) -> list[list[str]]:
         out = []

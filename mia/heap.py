@@ -21,9 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+import sys
 
 
 @functools.cache
@@ -41,24 +39,22 @@ def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     return fn
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory now (Linux ``/proc/self/statm``), or None elsewhere."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
+def resident_bytes() -> int:
+    """This process's resident memory now, in bytes."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def peak_resident_bytes() -> int | None:
-    """The most this process has held resident so far (``getrusage``), or None off Linux."""
+    """The most this process has held resident so far, in bytes (``getrusage``); None on
+    Windows, which has no ``getrusage``."""
     try:
         import resource
-    except ImportError:  # Windows
+    except ImportError:
         return None
-    if not os.path.exists("/proc/self/statm"):  # macOS reports bytes, Linux KiB: Linux only
-        return None
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
 
 
 def trim_heap() -> bool:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes.util
-import os
+import sys
 
 import pytest
 import torch
@@ -11,8 +10,7 @@ import torch
 from mia.heap import peak_resident_bytes, resident_bytes, trim_heap
 
 pytestmark = pytest.mark.skipif(
-    not os.path.exists("/proc/self/statm") or not ctypes.util.find_library("c"),
-    reason="Linux with a C library only",
+    not sys.platform.startswith("linux"), reason="malloc_trim is glibc's (Linux)"
 )
 
 
@@ -32,9 +30,3 @@ def test_trim_heap_returns_fragmented_free_memory() -> None:
     assert held - after > allocated // 2
     assert all(float(t[0]) == 1.0 for t in kept)  # what is live is untouched
     assert peak_resident_bytes() > before + allocated // 2  # the peak is remembered
-
-
-def test_trim_heap_with_nothing_to_give_back_is_harmless() -> None:
-    trim_heap()
-    assert isinstance(trim_heap(), bool)
-    assert resident_bytes() > 0

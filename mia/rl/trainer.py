@@ -862,10 +862,10 @@ class Trainer:
         m["perf/tokens_per_s"] = total_tokens / max(timing["step"], 1e-9)
         m["perf/gen_tokens_per_s"] = float(policy_tokens.sum()) / max(timing["rollout"], 1e-9)
         m["perf/total_tokens"] = total_tokens
-        rss, peak = resident_bytes(), peak_resident_bytes()
-        if rss is not None and peak is not None:
-            # This process: the generator's, and the policy's with workers.mode=single_process.
-            m["perf/rss_gb"] = rss / 2**30
+        # This process: the generator's, and the policy's with workers.mode=single_process.
+        m["perf/rss_gb"] = resident_bytes() / 2**30
+        peak = peak_resident_bytes()
+        if peak is not None:
             m["perf/max_rss_gb"] = peak / 2**30
         return m
 
