@@ -116,7 +116,7 @@ def serve_main(argv: list[str]) -> None:
         if value is not None:
             setattr(cfg, attr, value)
     cfg.validate()
-    from mia.http import run_app
+    from mia.http import run_app, server_limits
 
     from .index import open_index
     from .server import create_search_app
@@ -127,7 +127,13 @@ def serve_main(argv: list[str]) -> None:
     print(f"local_search: {m.method} index of {m.num_docs} passages from {args.index}", flush=True)
     app = create_search_app(retriever, cfg, token=args.token, max_body_bytes=args.max_body_bytes)
     try:
-        run_app(app, host=args.host, port=args.port, port_file=args.port_file)
+        run_app(
+            app,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            limits=server_limits(args),
+        )
     except OSError as err:  # bind failures: port taken, address not local, no permission
         raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     finally:

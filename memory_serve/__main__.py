@@ -19,7 +19,7 @@ import os
 import sys
 
 from mia.errors import MiaError
-from mia.http import add_server_args, run_app
+from mia.http import add_server_args, run_app, server_limits
 from mia.paths import mia_home
 
 log = logging.getLogger("memory_serve")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.ui.enabled:
         log.info("memory inspector: http://%s:%s/ui", args.host, args.port or "<port>")
     try:
-        run_app(app, args.host, args.port, args.port_file)
+        run_app(app, args.host, args.port, args.port_file, limits=server_limits(args))
     finally:
         if proxy is not None:
             proxy.tasks.close()

@@ -14,7 +14,7 @@ from memory_serve.proxy import add_proxy
 from memory_serve.runs import find_runs, load_run
 from memory_serve.service import MemoryService, gather_all
 from memory_serve.store import SORTS
-from mia.http import DEFAULT_MAX_BODY_BYTES, create_app
+from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.paths import mia_home
 from mia.services import memory as S
 
@@ -24,15 +24,20 @@ Q = TypeVar("Q")
 R = TypeVar("R")
 
 
-async def _each(body: Q | list[Q], fn: Callable[[Q], Awaitable[R]]) -> R | list[R]:
-    """One object -> one answer; a list -> a list of answers (computed concurrently)."""
+async def _each(body: Q | list[Q], fn: Callable[[Q], Awaitable[R]], cap: int) -> R | list[R]:
+    """One object -> one answer; a list of at most ``cap`` -> a list of answers (computed
+    concurrently)."""
     if isinstance(body, list):
-        return await gather_all([fn(x) for x in body])
+        return await gather_all([fn(x) for x in _as_list(body, cap)])
     return await fn(body)
 
 
-def _as_list(body: Q | list[Q]) -> list[Q]:
-    return body if isinstance(body, list) else [body]
+def _as_list(body: Q | list[Q], cap: int) -> list[Q]:
+    """The body as a list; 413 when it lists more than ``cap`` items."""
+    items = body if isinstance(body, list) else [body]
+    if len(items) > cap:
+        raise ApiError(413, f"{len(items)} items in one request; at most {cap}", "too_many_items")
+    return items
 
 
 def build_app(
@@ -49,6 +54,7 @@ def build_app(
         pages=PAGES if service.cfg.ui.enabled else (),
     )
     app.state.service = service
+    cap, llm_cap = service.cfg.limits.max_items, service.cfg.limits.max_llm_items
 
     @app.post(
         "/memory",
@@ -64,14 +70,14 @@ def build_app(
         (``prompt`` = ``context`` and ``indices`` = both sides' ids, for the TTRL driver); with
         ``explain: true`` also every retrieved memory's similarity, normalised similarity,
         win-rate and score (the numbers that ranked it)."""
-        return await _each(body, service.memory)
+        return await _each(body, service.memory, cap)
 
     if service.planner is not None:
         # Without an LLM (llm.enabled=false) the planner routes do not exist (404).
         @app.post("/plan", response_model=list[S.PlanResponse] | S.PlanResponse, tags=["planner"])
         async def plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
             """Retrieve memories and write a plan (the manager LLM plans on a cold start)."""
-            return await _each(body, service.plan)
+            return await _each(body, service.plan, llm_cap)
 
         @app.post(
             "/best_plan",
@@ -80,7 +86,7 @@ def build_app(
         )
         async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
             """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
-            return await _each(body, service.best_plan)
+            return await _each(body, service.best_plan, llm_cap)
 
         @app.post(
             "/judge_replan",
@@ -90,7 +96,7 @@ def build_app(
         async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
             """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
             decision, messages, planner}``."""
-            return await _each(body, service.judge_replan)
+            return await _each(body, service.judge_replan, llm_cap)
 
         @app.post(
             "/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse, tags=["planner"]
@@ -98,7 +104,7 @@ def build_app(
         async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
             """A supplementary plan (<= 200 words) continuing the planner conversation ->
             ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
-            return await _each(body, service.replan)
+            return await _each(body, service.replan, llm_cap)
 
         @app.post("/replan_train", response_model=S.ReplanTrainResponse, tags=["planner"])
         async def replan_train(body: S.ReplanTrainRequest) -> Any:
@@ -107,7 +113,7 @@ def build_app(
 
     async def save(body: list[S.TrajectoryItem] | S.TrajectoryItem) -> Any:
         """Compress and store finished trajectories (win-rate credit to the used memories)."""
-        return await service.save_memories(_as_list(body))
+        return await service.save_memories(_as_list(body, cap))
 
     for path in ("/memories", "/batch_memory_save"):
         app.add_api_route(
@@ -127,7 +133,7 @@ def build_app(
     @app.post("/memory_bank_save", response_model=S.BankSaveResponse, tags=["ttrl"])
     async def bank_save(body: list[S.RolloutItem] | S.RolloutItem) -> Any:
         """Buffer TTRL rollouts per question until the next consolidation."""
-        return await service.bank_save(_as_list(body))
+        return await service.bank_save(_as_list(body, cap))
 
     @app.post("/consolidate_memories", response_model=S.ConsolidateResponse, tags=["ttrl"])
     async def consolidate(

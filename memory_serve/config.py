@@ -236,6 +236,20 @@ class ProxyConfig:
 
 
 @dataclass
+class LimitsConfig:
+    max_items: int = option(
+        256,
+        "most items in one list body of /memory, /memories, /batch_memory_save, "
+        "/memory_bank_save (413 above)",
+    )
+    max_llm_items: int = option(
+        32,
+        "most items in one list body of a route that calls an LLM per item (/plan, /best_plan, "
+        "/judge_replan, /replan; 413 above)",
+    )
+
+
+@dataclass
 class MemoryServeConfig:
     """The Memory Manager (``python -m memory_serve``; paper defaults, docs/reference.md §15)."""
 
@@ -250,11 +264,14 @@ class MemoryServeConfig:
     llm: LLMRolesConfig = section(LLMRolesConfig, "the LLM roles of the Manager and Planner")
     ui: UIConfig = section(UIConfig, "the memory inspector page (GET /ui)")
     proxy: ProxyConfig = section(ProxyConfig, "the OpenAI-compatible memory proxy (/v1 routes)")
+    limits: LimitsConfig = section(LimitsConfig, "request batch caps (docs/security.md)")
 
     def validate(self) -> MemoryServeConfig:
         r, w = self.store.retrieval, self.store.write
         checks = [
             (r.top_k >= 0, "store.retrieval.top_k must be >= 0"),
+            (self.limits.max_items >= 1, "limits.max_items must be >= 1"),
+            (self.limits.max_llm_items >= 1, "limits.max_llm_items must be >= 1"),
             (r.plan_pair_top_k >= 0, "store.retrieval.plan_pair_top_k must be >= 0"),
             (r.key in ("question", "template"), "store.retrieval.key must be question|template"),
             (

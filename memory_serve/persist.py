@@ -14,12 +14,18 @@ always allowed. An existing file is only ever replaced by a memory backup when i
 (a MIA memory database, a reference-layout JSON file, an ``evaluated-<rule>.jsonl`` written by
 ``/batch_evaluate``); the live database is never a target. Error messages show paths as the
 client gave them, never the server's absolute paths.
+
+A path longer than ``MAX_PATH_CHARS``, with a name over ``MAX_NAME_BYTES`` or a control
+character, or one the OS cannot resolve is a 422 before the file system is touched; an OS error
+on an acceptable path is a 400 with the OS's reason only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +36,34 @@ from mia.paths import mia_home
 ANY = "any"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 MEMORY_TABLES = {"meta", "memories", "plan_pairs", "rollouts"}
+MAX_PATH_CHARS = 1024  # as the client sends it
+MAX_NAME_BYTES = 255  # one file or folder name (NAME_MAX on Linux and macOS)
+MAX_RESOLVED_BYTES = 4095  # the resolved absolute path (PATH_MAX less its NUL)
+
+
+def invalid_path(why: str) -> ApiError:
+    return ApiError(422, f"invalid path: {why}")
+
+
+def check_raw_path(raw: str) -> None:
+    """422 for a path no file system takes: checked before any OS call could fail on it."""
+    if len(raw) > MAX_PATH_CHARS:
+        raise invalid_path(f"{len(raw)} characters, at most {MAX_PATH_CHARS}")
+    control = next((c for c in raw if ord(c) < 32 or ord(c) == 127), None)
+    if control is not None:
+        raise invalid_path(f"it holds the control character U+{ord(control):04X}")
+    longest = max(len(part.encode("utf-8", "surrogatepass")) for part in raw.split("/"))
+    if longest > MAX_NAME_BYTES:
+        raise invalid_path(f"a file or folder name of {longest} bytes, at most {MAX_NAME_BYTES}")
+
+
+@contextlib.contextmanager
+def os_errors(shown: str) -> Iterator[None]:
+    """An OS error on a client's path: 400 with the OS's reason, never the server's folders."""
+    try:
+        yield
+    except OSError as err:
+        raise ApiError(400, f"cannot use {shown}: {err.strerror or type(err).__name__}") from None
 
 
 def default_roots() -> tuple[Path, Path]:
@@ -64,14 +98,17 @@ class PersistPolicy:
         return cls(base, roots)
 
     def resolve(self, raw: str) -> Path:
-        """The server path for a client's ``raw`` path; 400 if unusable, 403 if outside."""
+        """The server path for a client's ``raw`` path; 422 if unusable, 403 if outside."""
+        check_raw_path(raw)
         try:
             path = Path(raw).expanduser()
             path = (path if path.is_absolute() else self.base / path).resolve()
         except (ValueError, RuntimeError, OSError) as err:
-            # NUL bytes (ValueError), an unknown ~user (RuntimeError), a name over the limit.
-            reason = getattr(err, "strerror", None) or str(err).split(":")[0]
-            raise ApiError(400, f"invalid path {raw[:200]!r}: {reason}") from None
+            # The OS's reason only: a RuntimeError's text (symlink loop) names server folders.
+            reason = getattr(err, "strerror", None) or "an unknown ~user or a symlink loop"
+            raise ApiError(422, f"invalid path {raw[:200]!r}: {reason}") from None
+        if len(str(path).encode("utf-8", "surrogatepass")) > MAX_RESOLVED_BYTES:
+            raise invalid_path(f"over {MAX_RESOLVED_BYTES} bytes once resolved")
         if self.roots is not None and not any(path.is_relative_to(r) for r in self.roots):
             raise ApiError(
                 403,
@@ -153,23 +190,26 @@ def check_target(path: Path, kind: str, shown: str, live_db: Path) -> None:
     ]
     if any(path == p or _same_file(path, p) for p in live):
         raise refuse(shown, "it is the live memory database")
-    if not path.exists() and not path.is_symlink():
-        return
-    if not path.is_file():
-        raise refuse(shown, "it exists and is not a file")
-    ok = is_memory_database(path) if kind == "sqlite" else is_reference_json(path)
+    with os_errors(shown):
+        if not path.exists() and not path.is_symlink():
+            return
+        if not path.is_file():
+            raise refuse(shown, "it exists and is not a file")
+        ok = is_memory_database(path) if kind == "sqlite" else is_reference_json(path)
     if not ok:
         what = "a MIA memory database" if kind == "sqlite" else "a reference-layout memory file"
         raise refuse(shown, f"it exists and is not {what}")
 
 
 def check_folder(path: Path, shown: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise refuse(shown, "it exists and is not a folder")
+    with os_errors(shown):
+        if path.exists() and not path.is_dir():
+            raise refuse(shown, "it exists and is not a folder")
 
 
 def check_evaluation_target(path: Path, rule: str, shown: str) -> None:
-    if not path.exists() and not path.is_symlink():
-        return
-    if not path.is_file() or not is_evaluation_file(path, rule):
-        raise refuse(shown, f"it exists and is not an evaluated-{rule} file of /batch_evaluate")
+    with os_errors(shown):
+        if not path.exists() and not path.is_symlink():
+            return
+        if not path.is_file() or not is_evaluation_file(path, rule):
+            raise refuse(shown, f"it exists and is not an evaluated-{rule} file of /batch_evaluate")

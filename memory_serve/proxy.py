@@ -4,12 +4,17 @@ OpenAI-compatible model (docs/proxy.md).
 An agent changes only its base URL. For a **new task** (a conversation whose messages hold no
 assistant turn yet) the proxy retrieves memories, asks the Planner for a plan (``/plan``'s code)
 and appends it to the task's first user message, then forwards the request upstream (streaming
-included: the SSE bytes are relayed as they come). Later requests of the same conversation
-(same messages up to the first user message) get the same plan again, since the client's own
-history never held it. Every answer is kept with the task; when the client reports the outcome
-(``POST /v1/feedback`` with the task id from the ``X-MIA-Task-Id`` header, or the completion's
-``id``), the conversation is written to memory like any trajectory (``/memories``), crediting
-the memories the plan was built from. Open tasks live in a small SQLite file of their own.
+included: each SSE event is checked and relayed as it completes). Later requests of the same
+conversation (same messages up to the first user message) get the same plan again, since the
+client's own history never held it. Every answer is kept with the task; when the client
+reports the outcome (``POST /v1/feedback`` with the task id from the ``X-MIA-Task-Id`` header,
+or the completion's ``id``), the conversation is written to memory like any trajectory
+(``/memories``), crediting the memories the plan was built from. Open tasks live in a small
+SQLite file of their own.
+
+An upstream answer that is not a chat completion (malformed JSON or SSE, a stall, a broken
+connection) never reaches the client as such: it gets the service's error envelope, or a
+stream's error event, and the task is kept as ``failed``.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +44,7 @@ from pydantic import BaseModel, ValidationError
 
 from memory_serve.config import ProxyConfig
 from memory_serve.service import MemoryService
-from mia.http import ApiError
+from mia.http import ApiError, error_response
 from mia.services import memory as S
 from mia.trace import content_text
 
@@ -49,15 +56,44 @@ PLAN_BLOCK = (
     "Here is a plan from the memory of similar past tasks (a guide; adapt it where it does "
     "not fit):\n{plan}"
 )
-# Request headers that describe the client's own connection, never forwarded upstream.
-_HOP_HEADERS = {
+# Hop-by-hop headers (RFC 9110 7.6.1) describe one connection, never the next one.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Request headers not copied upstream: besides the hop-by-hop ones, the client's credentials
+# and cookies (the upstream's key is set by the proxy), and those describing a body or
+# connection that httpx builds anew (re-serialised JSON, asked for uncompressed).
+_NOT_UPSTREAM = _HOP_BY_HOP | {
     "host",
     "content-length",
+    "content-encoding",
+    "content-type",
+    "accept-encoding",
+    "expect",
     "authorization",
     "cookie",
-    "connection",
-    "accept-encoding",
 }
+# Answer headers relayed to the client: the body's type and what OpenAI clients read to pace
+# retries and to log requests. The others belong to the upstream's origin or connection.
+_RELAYED = frozenset(
+    {"content-type", "retry-after", "retry-after-ms", "x-request-id", "x-should-retry"}
+)
+_RELAYED_PREFIXES = ("x-ratelimit-", "openai-")
+# What httpx can undo when an upstream compresses despite ``Accept-Encoding: identity``.
+_DECODABLE = frozenset({"identity", "gzip", "deflate"})
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # one streamed event (chat chunks are far smaller)
+MALFORMED = "upstream_malformed"  # the error code of an answer that is not a chat completion
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 _TASKS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -95,7 +131,7 @@ class Task:
     messages: list[dict[str, Any]] = field(default_factory=list)
     model: str = ""
     turns: int = 0
-    status: str = "open"  # open | recording | recorded
+    status: str = "open"  # open | failed (the last exchange did) | recording | recorded
     result: dict[str, Any] | None = None
     created_at: float = 0.0
 
@@ -194,11 +230,12 @@ class TaskStore:
     def add_turn(
         self, task_id: str, messages: list[dict[str, Any]], completion_id: str | None
     ) -> None:
-        """The conversation so far, ending with the model's latest answer."""
+        """The conversation so far, ending with the model's latest answer (a failed task whose
+        turn is retried successfully is open again)."""
         with self._lock, self._conn:
             self._conn.execute(
-                "UPDATE tasks SET messages = ?, turns = turns + 1, updated_at = ? "
-                "WHERE task_id = ? AND status = 'open'",
+                "UPDATE tasks SET messages = ?, turns = turns + 1, status = 'open', "
+                "updated_at = ? WHERE task_id = ? AND status IN ('open', 'failed')",
                 (json.dumps(messages, ensure_ascii=False), time.time(), task_id),
             )
             if completion_id:
@@ -207,20 +244,33 @@ class TaskStore:
                     (completion_id, task_id),
                 )
 
+    def fail(self, task_id: str) -> None:
+        """The latest exchange with the upstream failed; the answers before it stay."""
+        with self._lock, self._conn:
+            self._conn.execute(
+                "UPDATE tasks SET status = 'failed', updated_at = ? "
+                "WHERE task_id = ? AND status IN ('open', 'failed')",
+                (time.time(), task_id),
+            )
+
     def claim(self, task_id: str) -> bool:
-        """open -> recording; False when another feedback got there first."""
+        """open/failed -> recording; False when another feedback got there first."""
         with self._lock, self._conn:
             cur = self._conn.execute(
-                "UPDATE tasks SET status = 'recording' WHERE task_id = ? AND status = 'open'",
+                "UPDATE tasks SET status = 'recording' "
+                "WHERE task_id = ? AND status IN ('open', 'failed')",
                 (task_id,),
             )
             return cur.rowcount == 1
 
-    def finish(self, task_id: str, result: dict[str, Any] | None) -> None:
-        """recording -> recorded (with the write's result), or back to open (None: failed)."""
+    def finish(self, task_id: str, result: dict[str, Any] | None, before: str = "open") -> None:
+        """recording -> recorded (with the write's result), or back to ``before`` (None: the
+        write failed)."""
         with self._lock, self._conn:
             if result is None:
-                self._conn.execute("UPDATE tasks SET status = 'open' WHERE task_id = ?", (task_id,))
+                self._conn.execute(
+                    "UPDATE tasks SET status = ? WHERE task_id = ?", (before, task_id)
+                )
             else:
                 self._conn.execute(
                     "UPDATE tasks SET status = 'recorded', result = ?, updated_at = ? "
@@ -280,67 +330,225 @@ def trajectory_messages(messages: list[dict[str, Any]], first_user: int) -> list
     return out
 
 
+class _Malformed(Exception):
+    """The upstream answered 2xx with something that is not a chat completion (the reason)."""
+
+
+def _scrub(text: str) -> str:
+    """``text`` storable as UTF-8: lone surrogates (JSON allows ``"\\ud800"``) become U+FFFD."""
+    return _SURROGATES.sub("\ufffd", text)
+
+
+def _json(data: str | bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise _Malformed("JSON nested too deep") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise _Malformed("not JSON") from None
+
+
+_KINDS = {dict: "a JSON object", list: "a list", str: "a string", int: "an integer"}
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    """``value`` when it is a ``kind`` or absent (None), else the reply is malformed."""
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise _Malformed(f"{what} is not {_KINDS[kind]}")
+
+
+def _call(call: Any) -> tuple[int, str, str, str]:
+    """``(index, id, name, arguments)`` of a (streamed part of a) tool call."""
+    call = _typed(call, dict, "a tool call") or {}
+    fn = _typed(call.get("function"), dict, "a tool call's function") or {}
+    args = fn.get("arguments")
+    if isinstance(args, dict):  # some servers send the arguments as an object
+        try:
+            args = json.dumps(args)
+        except RecursionError:
+            raise _Malformed("JSON nested too deep") from None
+    return (
+        _typed(call.get("index"), int, "a tool call's index") or 0,
+        _typed(call.get("id"), str, "a tool call's id") or "",
+        _typed(fn.get("name"), str, "a tool call's name") or "",
+        _typed(args, str, "a tool call's arguments") or "",
+    )
+
+
+def _recorded(content: str, calls: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """The assistant message as the task keeps it (storable text only)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": _scrub(content)}
+    if calls:
+        msg["tool_calls"] = [
+            {
+                "id": _scrub(i),
+                "type": "function",
+                "function": {"name": _scrub(n), "arguments": _scrub(a)},
+            }
+            for i, n, a in calls
+        ]
+    return msg
+
+
+def completion_answer(body: bytes) -> tuple[dict[str, Any], str | None]:
+    """``(assistant message, completion id)`` of a chat completion; raises ``_Malformed``."""
+    try:
+        data = _json(body)
+        if not isinstance(data, dict):
+            raise _Malformed("not a JSON object")
+        choices = _typed(data.get("choices"), list, "choices")
+        if not choices:
+            raise _Malformed("no choices")
+        choice = _typed(choices[0], dict, "a choice") or {}
+        message = _typed(choice.get("message"), dict, "a message")
+        if message is None:
+            raise _Malformed("no message")
+        content = message.get("content")
+        if not isinstance(content, str | list | None):
+            raise _Malformed("content is not text")
+        text = content_text(content)
+        calls = [_call(c)[1:] for c in _typed(message.get("tool_calls"), list, "tool_calls") or []]
+        cid = data.get("id")
+    except RecursionError:
+        raise _Malformed("JSON nested too deep") from None
+    return _recorded(text or "", calls), _scrub(cid) if isinstance(cid, str) else None
+
+
 class _StreamAnswer:
-    """The assistant message being streamed, rebuilt from SSE ``data:`` chunks."""
+    """Upstream SSE bytes in, whole checked events out (as received), and the assistant
+    message rebuilt on the side. Events are relayed whole so that an error event the proxy
+    adds never lands inside a half-sent one."""
+
+    _FIELDS = ("data", "event", "id", "retry")
 
     def __init__(self) -> None:
-        self.buffer = b""
+        self.partial = b""  # a line not yet ended
+        self.lines: list[bytes] = []  # the raw lines of the event being read
+        self.data: list[str] = []
+        self.ready: list[bytes] = []  # checked events not yet relayed
         self.completion_id: str | None = None
         self.content: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.tool_calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+        self.upstream_error = False  # the upstream sent an error event of its own
+        self.failure: tuple[str, str] | None = None  # (code, message) of a broken stream
 
     def feed(self, chunk: bytes) -> None:
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split(b"\n")
+        """Read ``chunk``; raises ``_Malformed`` (the events before it stay ready)."""
+        self.partial += chunk
+        *lines, self.partial = self.partial.split(b"\n")
         for line in lines:
-            self._line(line.strip())
+            self._line(line)
+        # Events are held until whole: one that never ends must not fill the memory.
+        if len(self.partial) + sum(map(len, self.lines)) > MAX_EVENT_BYTES:
+            raise _Malformed(f"an event over {MAX_EVENT_BYTES} bytes")
 
     def close(self) -> None:
-        if self.buffer.strip():
-            self._line(self.buffer.strip())
-        self.buffer = b""
+        """The stream ended: what is left counts as a last, ended event."""
+        if self.partial:
+            self._line(self.partial)
+            self.partial = b""
+        if self.lines:
+            self._line(b"")
 
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        data = line[5:].strip()
-        if not data or data == b"[DONE]":
-            return
+    def take(self) -> bytes:
+        out, self.ready = b"".join(self.ready), []
+        return out
+
+    def _line(self, raw: bytes) -> None:
+        self.lines.append(raw + b"\n")
         try:
-            event = json.loads(data)
-        except ValueError:
+            line = raw.rstrip(b"\r").decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Malformed("not UTF-8") from None
+        if line:
+            self._field(line)
             return
+        if self.data:
+            self._event("\n".join(self.data))
+        self.ready.append(b"".join(self.lines))
+        self.lines, self.data = [], []
+
+    def _field(self, line: str) -> None:
+        if line.startswith(":"):  # a comment (keep-alive)
+            return
+        name, _, value = line.partition(":")
+        if name not in self._FIELDS:
+            raise _Malformed("not an SSE line")
+        if name == "data":
+            self.data.append(value[1:] if value.startswith(" ") else value)
+
+    def _event(self, data: str) -> None:
+        if data == "[DONE]":
+            return
+        event = _json(data)
         if not isinstance(event, dict):
+            raise _Malformed("an event is not a JSON object")
+        if event.get("error"):
+            self.upstream_error = True
             return
         if isinstance(event.get("id"), str):
-            self.completion_id = event["id"]
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return
-        delta = choices[0].get("delta") or {}
-        if isinstance(delta.get("content"), str):
-            self.content.append(delta["content"])
-        for call in delta.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            slot = self.tool_calls.setdefault(
-                int(call.get("index", 0)),
-                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-            )
-            if call.get("id"):
-                slot["id"] = call["id"]
-            fn = call.get("function") or {}
-            slot["function"]["name"] += fn.get("name") or ""
-            slot["function"]["arguments"] += fn.get("arguments") or ""
+            self.completion_id = _scrub(event["id"])
+        choices = _typed(event.get("choices"), list, "choices") or [{}]
+        delta = _typed((_typed(choices[0], dict, "a choice") or {}).get("delta"), dict, "a delta")
+        delta = delta or {}
+        self.content.append(_typed(delta.get("content"), str, "content") or "")
+        for call in _typed(delta.get("tool_calls"), list, "tool_calls") or []:
+            index, cid, name, args = _call(call)
+            slot = self.tool_calls.setdefault(index, ["", "", ""])
+            slot[0] = cid or slot[0]
+            slot[1] += name
+            slot[2] += args
 
     def message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
-        if self.tool_calls:
-            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return msg
+        calls = [(c[0], c[1], c[2]) for _, c in sorted(self.tool_calls.items())]
+        return _recorded("".join(self.content), calls)
+
+
+def sse_error(code: str, message: str) -> bytes:
+    """The event that ends a broken stream: OpenAI's SDKs raise ``APIError(message)`` on it,
+    and ``[DONE]`` ends it for clients that read to the end."""
+    event = json.dumps({"error": {"code": code, "message": message}})
+    return f"data: {event}\n\ndata: [DONE]\n\n".encode()
 
 
 # ----------------------------------------------------------------------------- the proxy
+
+
+def _end_to_end(
+    headers: Iterable[tuple[str, str]], keep: Callable[[str], bool]
+) -> list[tuple[str, str]]:
+    """The headers whose (lower-case) name ``keep`` accepts, less those the Connection header
+    names: the sender declared them hop-by-hop too."""
+    items = [(k.lower(), v) for k, v in headers]
+    named = {t.strip().lower() for k, v in items if k == "connection" for t in v.split(",")}
+    return [(k, v) for k, v in items if k not in named and keep(k)]
+
+
+def _to_upstream(name: str) -> bool:
+    return name not in _NOT_UPSTREAM and not name.startswith("x-mia")
+
+
+def _relayable(name: str) -> bool:
+    return name in _RELAYED or name.startswith(_RELAYED_PREFIXES)
+
+
+def _relayed_headers(resp: httpx.Response, ours: dict[str, str]) -> dict[str, str]:
+    """The upstream answer's headers that the client may see, then the proxy's own."""
+    relayed = dict(_end_to_end(resp.headers.multi_items(), _relayable))
+    relayed.setdefault("content-type", "application/json")
+    return relayed | {k.lower(): v for k, v in ours.items()}
+
+
+@dataclass
+class _Turn:
+    """One request on its way upstream, and what its answer is recorded with."""
+
+    request: Request
+    body: dict[str, Any]  # as forwarded (plan included)
+    headers: dict[str, str]  # the proxy's own answer headers
+    task: Task | None
+    messages: list[dict[str, Any]]  # as the client sent them
 
 
 class Proxy:
@@ -365,22 +573,21 @@ class Proxy:
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.cfg.timeout_s, connect=min(15.0, self.cfg.timeout_s)),
                 trust_env=False,
+                # One client serves every caller: a cookie one answer set must not ride along
+                # on everyone's later requests.
+                cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
             )
             self._clients[loop] = client
         return client
 
-    def _headers(self, request: Request) -> dict[str, str]:
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in _HOP_HEADERS and not k.lower().startswith("x-mia")
-        }
-        headers["content-type"] = "application/json"
+    def _headers(self, request: Request) -> list[tuple[str, str]]:
+        headers = _end_to_end(request.headers.items(), _to_upstream)
+        headers += [("content-type", "application/json"), ("accept-encoding", "identity")]
         if self._key:
-            headers["authorization"] = f"Bearer {self._key}"
+            headers.append(("authorization", f"Bearer {self._key}"))
         elif not request.app.state.token and request.headers.get("authorization"):
             # No key of our own and no token of ours in that header: the client's key goes on.
-            headers["authorization"] = request.headers["authorization"]
+            headers.append(("authorization", request.headers["authorization"]))
         return headers
 
     async def _send(self, request: Request, path: str, body: Any, stream: bool) -> httpx.Response:
@@ -389,15 +596,22 @@ class Proxy:
             request.method, f"{self.upstream}{path}", json=body, headers=self._headers(request)
         )
         try:
-            return await client.send(req, stream=stream)
+            resp = await client.send(req, stream=stream)
         except httpx.TimeoutException:
             raise ApiError(
                 504, f"the upstream model gave no answer within {self.cfg.timeout_s:g}s"
             ) from None
+        except httpx.DecodingError:
+            raise ApiError(502, "the upstream answer could not be decoded", MALFORMED) from None
         except httpx.HTTPError as err:
             raise ApiError(
                 502, f"the upstream model is unreachable ({type(err).__name__})", "upstream_error"
             ) from None
+        codings = {c.strip().lower() for c in resp.headers.get("content-encoding", "").split(",")}
+        if codings - _DECODABLE - {""}:
+            await resp.aclose()
+            raise ApiError(502, "the upstream answer has an unknown Content-Encoding", MALFORMED)
+        return resp
 
     # ---- planning
 
@@ -428,139 +642,137 @@ class Proxy:
         except ValidationError as err:
             where = ".".join(str(x) for x in err.errors()[0].get("loc", ()))
             raise ApiError(422, f"{where or 'body'}: {err.errors()[0].get('msg')}") from None
-        messages = [m.model_dump(exclude_unset=False) for m in parsed.messages]
         raw_messages = body["messages"]
-        first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-        task: Task | None = None
-        how = "untracked"
+        first_user = next((i for i, m in enumerate(parsed.messages) if m.role == "user"), None)
+        task, how = None, "untracked"
         if first_user is not None:
-            key = conversation_key(raw_messages, first_user)
-            if not any(m["role"] == "assistant" for m in messages):
-                question = content_text(messages[first_user]["content"]).strip()
-                if question:
-                    plan, block, ids, how = await self._prepare(question)
-                    task = Task(
-                        task_id=uuid.uuid4().hex,
-                        conv_key=key,
-                        question=question,
-                        plan=plan,
-                        injection=block,
-                        memory_ids=ids,
-                        model=parsed.model or "",
-                    )
-                    await asyncio.to_thread(self.tasks.create, task)
-            else:
-                task = await asyncio.to_thread(self.tasks.latest, key)
-                how = "continued" if task is not None else "untracked"
+            task, how = await self._task_for(parsed, raw_messages, first_user)
         forwarded = dict(body)
         if task is not None and task.injection and first_user is not None:
             forwarded["messages"] = inject(raw_messages, first_user, task.injection)
-        headers = {PLAN_HEADER: how}
+        turn = _Turn(request, forwarded, {PLAN_HEADER: how}, task, raw_messages)
         if task is not None:
-            headers[TASK_HEADER] = task.task_id
-        if parsed.stream:
-            return await self._stream(request, forwarded, headers, task, raw_messages, first_user)
-        resp = await self._send(request, "/chat/completions", forwarded, stream=False)
-        if task is not None and resp.status_code < 400:
-            await self._remember(task, raw_messages, first_user, resp)
-        return Response(
-            resp.content,
-            status_code=resp.status_code,
-            media_type=resp.headers.get("content-type", "application/json"),
-            headers=headers,
-        )
-
-    async def _remember(
-        self,
-        task: Task,
-        messages: list[dict[str, Any]],
-        first_user: int | None,
-        resp: httpx.Response,
-    ) -> None:
+            turn.headers[TASK_HEADER] = task.task_id
         try:
-            data = resp.json()
-            message = data["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            log.warning(
-                "proxy: task %s: the upstream answer is not a chat completion", task.task_id
-            )
+            return await (self._stream(turn) if parsed.stream else self._complete(turn))
+        except ApiError as err:
+            # The task is kept as failed, and the client learns which one it was.
+            await self._fail(task, err.code, err.message)
+            answer = error_response(err.status, err.message, err.code)
+            answer.headers.update(turn.headers)
+            return answer
+
+    async def _task_for(
+        self, parsed: S.ProxyChatRequest, raw_messages: list[dict[str, Any]], first_user: int
+    ) -> tuple[Task | None, str]:
+        """The request's task and how it was planned: a new one (planned now) while no
+        assistant turn exists yet, else the conversation's latest."""
+        key = conversation_key(raw_messages, first_user)
+        if any(m.role == "assistant" for m in parsed.messages):
+            task = await asyncio.to_thread(self.tasks.latest, key)
+            return task, "continued" if task is not None else "untracked"
+        question = content_text(parsed.messages[first_user].content).strip()
+        if not question:
+            return None, "untracked"
+        plan, block, ids, how = await self._prepare(question)
+        task = Task(
+            task_id=uuid.uuid4().hex,
+            conv_key=key,
+            question=question,
+            plan=plan,
+            injection=block,
+            memory_ids=ids,
+            model=parsed.model or "",
+        )
+        await asyncio.to_thread(self.tasks.create, task)
+        return task, how
+
+    async def _complete(self, turn: _Turn) -> Response:
+        resp = await self._send(turn.request, "/chat/completions", turn.body, stream=False)
+        if resp.is_success:
+            try:
+                answer, completion_id = completion_answer(resp.content)
+            except _Malformed as err:
+                raise ApiError(
+                    502, f"the upstream answer is not a chat completion ({err})", MALFORMED
+                ) from None
+            await self._add_turn(turn, answer, completion_id)
+        else:
+            await self._fail(turn.task, "upstream_status", f"HTTP {resp.status_code}")
+        return Response(resp.content, resp.status_code, _relayed_headers(resp, turn.headers))
+
+    async def _fail(self, task: Task | None, code: str, message: str) -> None:
+        if task is None:
             return
-        if not isinstance(message, dict):
-            return
-        completion_id = data.get("id") if isinstance(data.get("id"), str) else None
-        await self._add_turn(task, messages, first_user, message, completion_id)
+        log.warning(
+            "proxy: task %s: the upstream exchange failed: %s (%s)", task.task_id, code, message
+        )
+        await asyncio.to_thread(self.tasks.fail, task.task_id)
 
     async def _add_turn(
-        self,
-        task: Task,
-        messages: list[dict[str, Any]],
-        first_user: int | None,
-        answer: dict[str, Any],
-        completion_id: str | None,
+        self, turn: _Turn, answer: dict[str, Any], completion_id: str | None
     ) -> None:
-        convo = [
-            *messages,
-            {k: answer[k] for k in ("role", "content", "tool_calls") if k in answer},
-        ]
-        await asyncio.to_thread(self.tasks.add_turn, task.task_id, convo, completion_id)
+        if turn.task is None:
+            return
+        convo = [*turn.messages, answer]
+        await asyncio.to_thread(self.tasks.add_turn, turn.task.task_id, convo, completion_id)
 
-    async def _stream(
-        self,
-        request: Request,
-        body: dict[str, Any],
-        headers: dict[str, str],
-        task: Task | None,
-        messages: list[dict[str, Any]],
-        first_user: int | None,
-    ) -> Response:
-        resp = await self._send(request, "/chat/completions", body, stream=True)
-        if resp.status_code >= 400:
+    async def _stream(self, turn: _Turn) -> Response:
+        resp = await self._send(turn.request, "/chat/completions", turn.body, stream=True)
+        if not resp.is_success:
             content = await resp.aread()
             await resp.aclose()
-            return Response(
-                content,
-                status_code=resp.status_code,
-                media_type=resp.headers.get("content-type", "application/json"),
-                headers=headers,
-            )
+            await self._fail(turn.task, "upstream_status", f"HTTP {resp.status_code}")
+            return Response(content, resp.status_code, _relayed_headers(resp, turn.headers))
+        headers = _relayed_headers(resp, {**turn.headers, "Cache-Control": "no-cache"})
+        headers["content-type"] = "text/event-stream; charset=utf-8"  # only checked events go out
+        return StreamingResponse(self._relay(turn, resp), resp.status_code, headers)
+
+    async def _relay(self, turn: _Turn, resp: httpx.Response) -> AsyncIterator[bytes]:
+        # One step behind the upstream: the last events (the stream's end) go out only after
+        # the turn is recorded, so feedback sent right after [DONE] finds the task.
         answer = _StreamAnswer()
-
-        async def relay() -> AsyncIterator[bytes]:
-            # One chunk behind the upstream: the last chunk (the stream's end) goes out only
-            # after the turn is recorded, so feedback sent right after [DONE] finds the task.
-            complete = False
-            pending: bytes | None = None
-            try:
-                async for chunk in resp.aiter_raw():
-                    answer.feed(chunk)
-                    if pending is not None:
-                        yield pending
-                    pending = chunk
-                complete = True
-            finally:
-                await resp.aclose()
-                answer.close()
-            if complete and task is not None:
-                await self._add_turn(
-                    task, messages, first_user, answer.message(), answer.completion_id
-                )
-            if pending is not None:
+        pending = b""
+        async for events in self._events(resp, answer):
+            if pending:
                 yield pending
+            pending = events
+        tail = answer.take()  # the events checked before the stream ended or broke
+        if answer.failure is not None:
+            await self._fail(turn.task, *answer.failure)
+            tail += sse_error(*answer.failure)
+        elif answer.upstream_error:  # relayed as the upstream sent it
+            await self._fail(turn.task, "upstream_error", "an error event in the stream")
+        else:
+            await self._add_turn(turn, answer.message(), answer.completion_id)
+        yield pending + tail
 
-        return StreamingResponse(
-            relay(),
-            status_code=resp.status_code,
-            media_type=resp.headers.get("content-type", "text/event-stream"),
-            headers={**headers, "Cache-Control": "no-cache"},
-        )
+    async def _events(self, resp: httpx.Response, answer: _StreamAnswer) -> AsyncIterator[bytes]:
+        """The upstream's events, checked, as they complete; a broken stream ends them early
+        and sets ``answer.failure``."""
+        try:
+            async for chunk in resp.aiter_bytes():
+                answer.feed(chunk)
+                if events := answer.take():
+                    yield events
+            answer.close()
+        except _Malformed as err:
+            answer.failure = (MALFORMED, f"the upstream model sent a malformed stream ({err})")
+        except httpx.DecodingError:
+            answer.failure = (MALFORMED, "the upstream stream could not be decoded")
+        except httpx.TimeoutException:
+            answer.failure = (
+                "upstream_timeout",
+                f"the upstream model sent nothing for {self.cfg.timeout_s:g}s",
+            )
+        except httpx.HTTPError as err:
+            answer.failure = ("upstream_error", f"the upstream stream broke ({type(err).__name__})")
+        finally:
+            await resp.aclose()
 
     async def models(self, request: Request) -> Response:
         resp = await self._send(request, "/models", None, stream=False)
-        return Response(
-            resp.content,
-            status_code=resp.status_code,
-            media_type=resp.headers.get("content-type", "application/json"),
-        )
+        return Response(resp.content, resp.status_code, _relayed_headers(resp, {}))
 
     async def feedback(self, req: S.FeedbackRequest) -> S.FeedbackResponse:
         if req.correct is None and req.judgement is None:
@@ -595,7 +807,7 @@ class Proxy:
         try:
             saved = await self.service.save_memories([item])
         except BaseException:
-            await asyncio.to_thread(self.tasks.finish, task.task_id, None)
+            await asyncio.to_thread(self.tasks.finish, task.task_id, None, task.status)
             raise
         outcome = saved.results[0]
         await asyncio.to_thread(self.tasks.finish, task.task_id, outcome.model_dump())

@@ -5,12 +5,14 @@ Frozen dataclasses: the store hands out snapshots, so a caller can never mutate 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from mia.caption import caption_text
 from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
 from mia.services import memory as S
+from mia.services.memory import MAX_EXTRA_CHARS, MAX_JSON_DEPTH, check_depth, extra_json
 
 TEXT_ONLY = "text-only"
 TEXT_IMAGE = "text-image"
@@ -20,11 +22,22 @@ assert set(S.MODALITIES) == set(MODALITIES) and set(S.CATEGORIES) == set(CATEGOR
 CORRECT = "correct"
 INCORRECT = "incorrect"
 
+# What every stored value must satisfy (docs/memory_serve.md, "Stored ranges"). Writes and loads
+# check the same ranges, so anything a store holds also loads again from its backup.
+MAX_ID = 2**53 - 1  # exact as a JavaScript number (the inspector), far below SQLite's 2^63 - 1
+MAX_COUNT = 2**31 - 1  # usage/success counters; credit saturates here
+MAX_TIMESTAMP = 253402300799.0  # 9999-12-31T23:59:59Z: the last second dates can show
+
 __all__ = [
     "CATEGORIES",
     "CORRECT",
     "DEFAULT_CATEGORY",
     "INCORRECT",
+    "MAX_COUNT",
+    "MAX_EXTRA_CHARS",
+    "MAX_ID",
+    "MAX_JSON_DEPTH",
+    "MAX_TIMESTAMP",
     "MODALITIES",
     "TEXT_IMAGE",
     "TEXT_ONLY",
@@ -35,6 +48,14 @@ __all__ = [
     "Rollout",
     "ScoredMemory",
     "WriteResult",
+    "check_counters",
+    "check_depth",
+    "check_new_memory",
+    "check_number",
+    "check_text",
+    "check_timestamp",
+    "check_whole",
+    "extra_json",
     "modality_of",
     "normalise_caption",
     "normalise_judgement",
@@ -60,6 +81,48 @@ def normalise_judgement(value: str | bool | int | None) -> str:
     if isinstance(value, str) and value.strip().lower() == CORRECT:
         return CORRECT
     return INCORRECT
+
+
+# ----------------------------------------------------------------------------- value checks
+# Each raises ValueError naming the field; callers add where it was (row, entry, request).
+
+
+def check_whole(value: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be a whole number in [{lo}, {hi}], got {value!r:.40}")
+    return value
+
+
+def check_number(value: Any, name: str, lo: float, hi: float) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not lo <= value <= hi:
+        bounds = ", ".join(str(int(b)) if float(b).is_integer() else str(b) for b in (lo, hi))
+        raise ValueError(f"{name} must be a finite number in [{bounds}], got {value!r:.40}")
+    return float(value)
+
+
+def check_timestamp(value: Any, name: str = "created_at") -> float:
+    """Epoch seconds from 1970 to the end of year 9999."""
+    return check_number(value, name, 0.0, MAX_TIMESTAMP)
+
+
+def check_text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid UTF-8 text") from None
+    return value
+
+
+def check_counters(usage: Any, success: Any, win_rate: Any) -> None:
+    check_whole(usage, "usage_count", 0, MAX_COUNT)
+    check_whole(success, "success_count", 0, MAX_COUNT)
+    if success > usage:
+        # Credit adds at most one success per use, so more would be a forged counter.
+        raise ValueError(f"success_count ({success}) must not exceed usage_count ({usage})")
+    check_number(win_rate, "win_rate", 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -105,6 +168,14 @@ class NewMemory:
     success_count: int = 1
     win_rate: float = 1.0
     created_at: float | None = None
+
+
+def check_new_memory(mem: NewMemory) -> str:
+    """ValueError unless a store can hold ``mem``; returns its ``extra`` as JSON text."""
+    check_counters(mem.usage_count, mem.success_count, mem.win_rate)
+    if mem.created_at is not None:
+        check_timestamp(mem.created_at)
+    return extra_json(mem.extra)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ The reference stores no embeddings, so an import re-embeds every question and ca
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memory_serve.records import (
     CATEGORIES,
@@ -21,11 +21,17 @@ from memory_serve.records import (
     MemoryRecord,
     NewMemory,
     PlanPair,
+    check_new_memory,
+    check_timestamp,
+    extra_json,
     normalise_caption,
     normalise_judgement,
 )
+from memory_serve.restore import BadField
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
+
+T = TypeVar("T")
 
 _WORKFLOW_KEYS = (
     "data_id",
@@ -93,6 +99,8 @@ def read_json(path: str | Path, where: str | None = None) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise MiaError(f"{where} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise MiaError(f"{where} is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict) or not set(data) <= set(MODALITIES):
         raise MiaError(
             f"{where}: expected the reference layout {{modality: {{category: [entries]}}}} "
@@ -101,7 +109,8 @@ def read_json(path: str | Path, where: str | None = None) -> dict[str, Any]:
     return data
 
 
-def _entries(data: dict[str, Any], where: str) -> list[tuple[str, str, dict[str, Any]]]:
+def _entries(data: dict[str, Any], where: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """``(modality, category, "modality/category[i]", entry)`` for every entry."""
     out = []
     for modality, cats in data.items():
         if not isinstance(cats, dict):
@@ -113,7 +122,7 @@ def _entries(data: dict[str, Any], where: str) -> list[tuple[str, str, dict[str,
             for i, entry in enumerate(entries):
                 if not isinstance(entry, dict) or not isinstance(entry.get("question"), str):
                     raise MiaError(f"{where}: {modality}/{category}[{i}] has no question")
-                out.append((modality, cat, entry))
+                out.append((modality, cat, f"{modality}/{category}[{i}]", entry))
     return out
 
 
@@ -126,84 +135,87 @@ def is_plan_layout(data: dict[str, Any]) -> bool:
     return False
 
 
-def _float_or_none(value: Any) -> float | None:
-    if value is None:
-        return None
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"not a finite number: {value!r:.40}")
-    return number
+def _whole(e: dict[str, Any], name: str, default: int) -> int:
+    value = e.get(name, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a whole number, got {value!r:.40}") from None
 
 
-def _counters(usage: int, success: int, win_rate: float) -> None:
-    """Counters a store can hold: NaN or negative values would poison every ranking."""
-    if usage < 0 or success < 0:
-        raise ValueError(f"usage_count/success_count must be >= 0, got {usage}/{success}")
-    if not (math.isfinite(win_rate) and 0.0 <= win_rate <= 1.0):
-        raise ValueError(f"win_rate must be in [0, 1], got {win_rate!r}")
+def _number(e: dict[str, Any], name: str, default: float) -> float:
+    value = e.get(name, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number, got {value!r:.40}") from None
+
+
+def _created(e: dict[str, Any]) -> float | None:
+    return None if e.get("created_at") is None else _number(e, "created_at", 0.0)
+
+
+def _each(
+    data: dict[str, Any], where: str, parse: Callable[[str, str, dict[str, Any]], T]
+) -> list[T]:
+    """``parse`` of every entry; the first bad one is a 422 naming the entry and the field."""
+    out = []
+    for modality, category, label, e in _entries(data, where):
+        try:
+            out.append(parse(modality, category, e))
+        except (TypeError, ValueError, AttributeError) as err:
+            raise BadField(f"{where}: {label}: {err}") from None
+    return out
 
 
 def parse_workflows(data: dict[str, Any], where: str = "memory file") -> list[NewMemory]:
-    try:
-        return _parse_workflows(data, where)
-    except (TypeError, ValueError, AttributeError) as err:
-        raise MiaError(f"{where}: bad memory entry: {err}") from None
+    return _each(data, where, _workflow)
 
 
-def _parse_workflows(data: dict[str, Any], where: str) -> list[NewMemory]:
-    mems = []
+def _workflow(modality: str, category: str, e: dict[str, Any]) -> NewMemory:
     known = set(_WORKFLOW_KEYS) | set(_OUR_KEYS) | {"judgement_nogt"}
-    for modality, category, e in _entries(data, where):
-        verdict = e.get("judgement", e.get("judgement_nogt"))
-        extra = {k: v for k, v in e.items() if k not in known}
-        usage = int(e.get("usage_count", 1))
-        success = int(e.get("success_count", 1))
-        win_rate = float(e.get("win_rate", success / usage if usage else 1.0))
-        _counters(usage, success, win_rate)
-        mems.append(
-            NewMemory(
-                question=e["question"],
-                workflow_summary=str(e.get("workflow_summary", "")),
-                judgement=normalise_judgement(verdict),
-                data_id=str(e.get("data_id", "")),
-                image_caption=normalise_caption(e.get("image_caption")),
-                plan=str(e.get("plan", "")),
-                category=category,
-                modality=modality,
-                source=str(e.get("source", "") or "import"),
-                extra=extra,
-                usage_count=usage,
-                success_count=success,
-                win_rate=win_rate,
-                created_at=_float_or_none(e.get("created_at")),
-            )
-        )
-    return mems
+    usage = _whole(e, "usage_count", 1)
+    success = _whole(e, "success_count", 1)
+    mem = NewMemory(
+        question=e["question"],
+        workflow_summary=str(e.get("workflow_summary", "")),
+        judgement=normalise_judgement(e.get("judgement", e.get("judgement_nogt"))),
+        data_id=str(e.get("data_id", "")),
+        image_caption=normalise_caption(e.get("image_caption")),
+        plan=str(e.get("plan", "")),
+        category=category,
+        modality=modality,
+        source=str(e.get("source", "") or "import"),
+        extra={k: v for k, v in e.items() if k not in known},
+        usage_count=usage,
+        success_count=success,
+        win_rate=_number(e, "win_rate", success / usage if usage else 1.0),
+        created_at=_created(e),
+    )
+    check_new_memory(mem)
+    return mem
 
 
 def parse_plan_pairs(data: dict[str, Any], where: str = "plan file") -> list[dict[str, Any]]:
-    try:
-        return _parse_plan_pairs(data, where)
-    except (TypeError, ValueError, AttributeError) as err:
-        raise MiaError(f"{where}: bad plan entry: {err}") from None
+    return _each(data, where, _plan_pair)
 
 
-def _parse_plan_pairs(data: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    pairs = []
+def _plan_pair(modality: str, category: str, e: dict[str, Any]) -> dict[str, Any]:
     known = {"data_id", "question", "image_caption", "correct_plan", "incorrect_plan"}
     known |= {"usage_count", "success_count", "win_rate", "id", "created_at"}
-    for modality, category, e in _entries(data, where):
-        pairs.append(
-            {
-                "question": e["question"],
-                "correct_plan": str(e.get("correct_plan", "")),
-                "incorrect_plan": str(e.get("incorrect_plan", "")),
-                "data_id": str(e.get("data_id", "")),
-                "image_caption": normalise_caption(e.get("image_caption")),
-                "category": category,
-                "modality": modality,
-                "created_at": _float_or_none(e.get("created_at")),
-                "extra": {k: v for k, v in e.items() if k not in known},
-            }
-        )
-    return pairs
+    created = _created(e)
+    extra = {k: v for k, v in e.items() if k not in known}
+    if created is not None:
+        check_timestamp(created)
+    extra_json(extra)
+    return {
+        "question": e["question"],
+        "correct_plan": str(e.get("correct_plan", "")),
+        "incorrect_plan": str(e.get("incorrect_plan", "")),
+        "data_id": str(e.get("data_id", "")),
+        "image_caption": normalise_caption(e.get("image_caption")),
+        "category": category,
+        "modality": modality,
+        "created_at": created,
+        "extra": extra,
+    }

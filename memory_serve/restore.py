@@ -1,17 +1,20 @@
 """Checking a SQLite memory backup row by row while copying it into a fresh database.
 
 ``/load_memory`` never lets a backup touch the live store: every row of the backup is read with
-an explicit column list, checked (types, ids, judgements, buckets, counters, JSON fields, and
+an explicit column list, checked against the stored ranges of :mod:`memory_serve.records`
+(ids, counters, win-rates, timestamps, UTF-8 text, judgements, buckets, JSON depth and size, and
 every embedding blob: a whole number of float32 values, exactly the backup's dimension, finite)
 and inserted into a staging database created with the store's own schema. Only a staging file
 that passed everything is swapped in (:meth:`MemoryStore.restore`). Rebuilding instead of
 copying pages also means nothing but rows comes across: no foreign triggers, views or tables.
+
+A file that is no memory backup is a 400 (:class:`BadBackup`); a backup with a value out of
+range is a 422 naming the table, the row and the field (:class:`BadField`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from memory_serve.records import CATEGORIES, CORRECT, INCORRECT, MODALITIES
+from memory_serve.records import (
+    CATEGORIES,
+    CORRECT,
+    INCORRECT,
+    MAX_ID,
+    MODALITIES,
+    check_counters,
+    check_depth,
+    check_text,
+    check_timestamp,
+    check_whole,
+    extra_json,
+)
 from mia.errors import MiaError
+from mia.http import ApiError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 JUDGEMENTS = (CORRECT, INCORRECT)
@@ -45,7 +61,16 @@ TABLES = ("memories", "plan_pairs", "rollouts")
 
 
 class BadBackup(MiaError):
-    """The backup cannot be loaded; the message says where (as the client named the file)."""
+    """The file is not a loadable backup (a 400 through the load route); the message names it
+    as the client did."""
+
+
+class BadField(ApiError):
+    """A backup row (or entry) holds a value outside the stored ranges: 422, naming the table,
+    the row and the field. An ``ApiError`` so the load route answers with this status as is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(422, message, "invalid_backup")
 
 
 @dataclass
@@ -61,23 +86,9 @@ class BackupInfo:
 # ----------------------------------------------------------------------------- field checks
 
 
-def _text(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be text, got {type(value).__name__}")
-    return value
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a whole number >= 0, got {value!r:.40}")
-    return value
-
-
-def _number(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a finite number in [{lo:g}, {hi:g}], got {value!r:.40}")
-    return float(value)
+def _texts(r: dict[str, Any], *names: str) -> None:
+    for name in names:
+        check_text(r[name], name)
 
 
 def _choice(value: Any, name: str, allowed: Sequence[Any]) -> Any:
@@ -88,11 +99,12 @@ def _choice(value: Any, name: str, allowed: Sequence[Any]) -> Any:
 
 def _json(value: Any, name: str, kind: type) -> Any:
     try:
-        data = json.loads(_text(value, name))
-    except ValueError:
+        data = json.loads(check_text(value, name))
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's own limit
         raise ValueError(f"{name} is not valid JSON") from None
     if not isinstance(data, kind):
         raise ValueError(f"{name} must be a JSON {kind.__name__}")
+    check_depth(data, name)
     return data
 
 
@@ -106,52 +118,50 @@ def _embedding(value: Any, name: str, dim: int) -> bytes:
     return value
 
 
+def _ref(value: Any, name: str) -> None:
+    check_whole(value, name, 1, MAX_ID)
+
+
 def check_memory(r: dict[str, Any], dim: int) -> None:
-    for name in ("data_id", "question", "image_caption", "workflow_summary", "plan", "source"):
-        _text(r[name], name)
+    _texts(r, "data_id", "question", "image_caption", "workflow_summary", "plan", "source")
     _choice(r["judgement"], "judgement", JUDGEMENTS)
-    _count(r["usage_count"], "usage_count")
-    _count(r["success_count"], "success_count")
-    _number(r["win_rate"], "win_rate", 0.0, 1.0)
+    check_counters(r["usage_count"], r["success_count"], r["win_rate"])
     _bucket_and_rest(r, dim)
 
 
 def check_plan_pair(r: dict[str, Any], dim: int) -> None:
-    for name in ("data_id", "question", "image_caption", "correct_plan", "incorrect_plan"):
-        _text(r[name], name)
+    _texts(r, "data_id", "question", "image_caption", "correct_plan", "incorrect_plan")
     _bucket_and_rest(r, dim)
 
 
 def _bucket_and_rest(r: dict[str, Any], dim: int) -> None:
     _choice(r["modality"], "modality", MODALITIES)
     _choice(r["category"], "category", CATEGORIES)
-    _number(r["created_at"], "created_at")
-    _json(r["extra"], "extra", dict)
+    check_timestamp(r["created_at"])
+    extra_json(_json(r["extra"], "extra", dict))
     _embedding(r["q_emb"], "q_emb", dim)
     _embedding(r["c_emb"], "c_emb", dim)
 
 
 def check_rollout(r: dict[str, Any], dim: int) -> None:
-    for name in ("data_id", "question", "image_caption", "plan", "slow_plan"):
-        _text(r[name], name)
+    _texts(r, "data_id", "question", "image_caption", "plan", "slow_plan")
     _choice(r["judgement"], "judgement", JUDGEMENTS)
     if not all(isinstance(m, dict) for m in _json(r["messages"], "messages", list)):
         raise ValueError("messages must be a JSON list of objects")
     ids = _json(r["used_memory_ids"], "used_memory_ids", list)
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError("used_memory_ids must be a JSON list of integers")
-    _number(r["created_at"], "created_at")
-    _json(r["extra"], "extra", dict)
+    check_timestamp(r["created_at"])
+    extra_json(_json(r["extra"], "extra", dict))
 
 
 def check_use(r: dict[str, Any], dim: int) -> None:
-    for name in ("question", "data_id", "source"):
-        _text(r[name], name)
-    for name in ("memory_id",) + (("result_id",) if r["result_id"] is not None else ()):
-        if _count(r[name], name) < 1:
-            raise ValueError(f"{name} must be a positive integer")
+    _texts(r, "question", "data_id", "source")
+    _ref(r["memory_id"], "memory_id")
+    if r["result_id"] is not None:
+        _ref(r["result_id"], "result_id")
     _choice(r["success"], "success", (0, 1))
-    _number(r["created_at"], "created_at")
+    check_timestamp(r["created_at"])
 
 
 CHECKS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any], int], None]]] = {
@@ -177,6 +187,9 @@ def open_backup(path: Path, shown: str) -> sqlite3.Connection:
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     # A crafted file's schema must not run functions (views, triggers, defaults) on our side.
     conn.execute("PRAGMA trusted_schema=OFF")
+    # Text that is not UTF-8 reaches the field checks (which name the row) instead of failing
+    # the whole read inside sqlite3.
+    conn.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
     return conn
 
 
@@ -200,10 +213,19 @@ def read_meta(src: sqlite3.Connection, shown: str, schema_versions: Sequence[str
     info = BackupInfo(embedder=meta["embedder"], dim=int(dim))
     info.tables = [t for t in CHECKS if t in tables]
     if "sqlite_sequence" in tables:
-        for name, seq in src.execute("SELECT name, seq FROM sqlite_sequence"):
-            if name in CHECKS and isinstance(seq, int) and not isinstance(seq, bool):
-                info.sequences[name] = max(info.sequences.get(name, 0), seq)
+        rows = src.execute("SELECT name, seq FROM sqlite_sequence ORDER BY rowid")
+        for n, (name, seq) in enumerate(rows, 1):
+            if name in CHECKS:
+                # The next id follows this counter: past MAX_ID every insert would fail.
+                info.sequences[name] = max(info.sequences.get(name, 0), _seq(seq, name, n, shown))
     return info
+
+
+def _seq(value: Any, table: str, n: int, shown: str) -> int:
+    try:
+        return check_whole(value, "seq", 0, MAX_ID)
+    except ValueError as err:
+        raise BadField(f"{shown}: sqlite_sequence row {n} ({table}): {err}") from None
 
 
 def copy_rows(
@@ -222,16 +244,13 @@ def copy_rows(
         insert = f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(columns))})"
         for n, row in enumerate(rows, 1):
             item = row[0]
-            where = f"{shown}: {table} row {n} (id {item!r:.40})"
-            if isinstance(item, bool) or not isinstance(item, int) or item < 1:
-                raise BadBackup(f"{where}: id must be a positive integer")
-            if item in seen:
-                raise BadBackup(f"{where}: duplicate id")
-            seen.add(item)
             try:
+                if check_whole(item, "id", 1, MAX_ID) in seen:
+                    raise ValueError("duplicate id")
                 check(dict(zip(columns, row, strict=True)), info.dim)
             except ValueError as err:
-                raise BadBackup(f"{where}: {err}") from None
+                raise BadField(f"{shown}: {table} row {n} (id {item!r:.40}): {err}") from None
+            seen.add(item)
             dst.execute(insert, row)
         info.rows[table] = len(seen)
         info.sequences[table] = max(info.sequences.get(table, 0), max(seen, default=0))

@@ -424,8 +424,9 @@ class MemoryService:
         messages = replan_train_messages(
             req.question, req.plan, req.trace, req.mem_context1, image=image
         )
-        result = await self._chat(self.planner, messages, self._planner_params(self.planner))
-        return S.ReplanTrainResponse(content=text_after_think(result.text))
+        # An empty completion is an upstream fault (502 llm_empty), as on /replan, never "".
+        _, content = await self._ask(self.planner, "planner", messages, "revised plan", _non_empty)
+        return S.ReplanTrainResponse(content=content)
 
     # ------------------------------------------------------------------ writes
 

@@ -34,6 +34,8 @@ from memory_serve.records import (
     CORRECT,
     DEFAULT_CATEGORY,
     INCORRECT,
+    MAX_COUNT,
+    MAX_ID,
     MODALITIES,
     MemoryRecord,
     NewMemory,
@@ -42,12 +44,17 @@ from memory_serve.records import (
     Rollout,
     ScoredMemory,
     WriteResult,
+    check_depth,
+    check_new_memory,
+    check_timestamp,
+    extra_json,
     modality_of,
 )
 from memory_serve.restore import BackupInfo, copy_rows, open_backup, read_meta
 from memory_serve.scoring import combined_score, minmax, mixed_similarity, rank, top_positions
 from mia.embedding import Embedder, template_embedder
 from mia.errors import MiaError
+from mia.http import ApiError
 
 log = logging.getLogger("memory_serve.store")
 T = TypeVar("T")
@@ -57,6 +64,7 @@ T = TypeVar("T")
 SCHEMA_VERSION = "2"
 READABLE_SCHEMAS = ("1", "2")
 Bucket = tuple[str, str]  # (modality, category)
+ID_TABLES = ("memories", "plan_pairs", "rollouts", "memory_uses")  # AUTOINCREMENT ids
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -146,6 +154,37 @@ _PLAN_COLS = (
 )
 
 
+class StoreFull(ApiError):
+    """SQLite could not grow the file (disk full) or hand out an id: nothing was written, and
+    the store stays usable for whatever still fits."""
+
+    def __init__(self) -> None:
+        message = "the memory database is full (disk space or ids); nothing was written"
+        super().__init__(507, message, "storage_full")
+
+
+class OutOfRange(ApiError):
+    """A value SQLite cannot hold (an integer past 2^63 - 1): nothing was written."""
+
+    def __init__(self) -> None:
+        message = "a value is out of the range the memory database can hold; nothing was written"
+        super().__init__(422, message, "out_of_range")
+
+
+class InvalidRecord(ApiError):
+    """A record outside the stored ranges (:mod:`memory_serve.records`): nothing was written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(422, message, "invalid_request")
+
+
+def _checked(check: Callable[[], T]) -> T:
+    try:
+        return check()
+    except ValueError as err:
+        raise InvalidRecord(str(err)) from None
+
+
 @dataclass(frozen=True)
 class Use:
     """The trajectory behind a credit: one row of a memory's history."""
@@ -195,6 +234,13 @@ def _plan_from_row(row: Sequence[Any]) -> PlanPair:
     )
 
 
+def _rollout_json(r: dict[str, Any]) -> tuple[str, str]:
+    """A rollout's ``messages`` and ``extra`` as stored (bounded as a backup load checks)."""
+    messages = r.get("messages", [])
+    check_depth(messages, "messages")
+    return json.dumps(messages, ensure_ascii=False), extra_json(r.get("extra", {}))
+
+
 def _check_bucket(modality: str, category: str) -> None:
     if modality not in MODALITIES:
         raise MiaError(f"unknown modality {modality!r} (known: {list(MODALITIES)})")
@@ -233,8 +279,11 @@ class MemoryStore:
                 self._conn = self._connect()
                 self._conn.executescript(_SCHEMA + _SCHEMA_2)
                 self._check_meta(reembed_on_mismatch)
+                self._repair_ids()
                 self._load()
             except (sqlite3.DatabaseError, ValueError, TypeError) as err:
+                if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise StoreFull() from None  # e.g. a load's staging file on a full disk
                 # A damaged file is one clear line at start-up, not a traceback.
                 raise MiaError(f"cannot open the memory store {self.db_path}: {err}") from None
 
@@ -333,6 +382,46 @@ class MemoryStore:
         with self._index_lock:
             self._records, self._buckets = records, buckets
             self._plans, self._plan_buckets = plans, plan_buckets
+
+    def _repair_ids(self) -> None:
+        """Ids past ``MAX_ID`` (a crafted file, or a backup loaded before ids were checked)
+        leave AUTOINCREMENT nothing to hand out, so every insert would fail: such rows get the
+        next free ids and the counters come back to the highest id in use."""
+        over = (
+            " UNION ALL ".join(f"SELECT 1 FROM {t} WHERE id > :max" for t in ID_TABLES)
+            + " UNION ALL SELECT 1 FROM sqlite_sequence WHERE seq > :max"
+        )
+        if not self._conn.execute(f"SELECT EXISTS ({over})", {"max": MAX_ID}).fetchone()[0]:
+            return
+        with self._txn() as cur:
+            for table in ID_TABLES:
+                self._renumber(cur, table)
+            self._reset_sequences(cur)
+
+    def _renumber(self, cur: sqlite3.Cursor, table: str) -> None:
+        rows = cur.execute(f"SELECT id FROM {table} WHERE id > ? ORDER BY id", (MAX_ID,))
+        old_ids = [int(r[0]) for r in rows.fetchall()]
+        if not old_ids:
+            return
+        top = cur.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table} WHERE id <= ?", (MAX_ID,))
+        first = int(top.fetchone()[0]) + 1
+        for new, old in enumerate(old_ids, first):
+            cur.execute(f"UPDATE {table} SET id = ? WHERE id = ?", (new, old))
+            if table == "memories":  # the history follows its memory
+                cur.execute("UPDATE memory_uses SET memory_id = ? WHERE memory_id = ?", (new, old))
+                cur.execute("UPDATE memory_uses SET result_id = ? WHERE result_id = ?", (new, old))
+        log.warning("%s: %d %s ids past %d renumbered", self.db_path, len(old_ids), table, MAX_ID)
+
+    @staticmethod
+    def _reset_sequences(cur: sqlite3.Cursor) -> None:
+        """A counter past ``MAX_ID`` goes back to the highest id in range (a sane counter
+        stays: ids are never reused)."""
+        for table in ID_TABLES:
+            cur.execute(
+                f"UPDATE sqlite_sequence SET seq = (SELECT COALESCE(MAX(id), 0) FROM {table} "
+                "WHERE id <= :max) WHERE name = :name AND seq > :max",
+                {"name": table, "max": MAX_ID},
+            )
 
     def _vec(self, blob: bytes) -> np.ndarray:
         vec = np.frombuffer(blob, dtype=np.float32)
@@ -458,6 +547,7 @@ class MemoryStore:
         q_emb: np.ndarray,
         c_emb: np.ndarray,
     ) -> MemoryRecord:
+        extra = _checked(lambda: check_new_memory(mem))
         created = time.time() if mem.created_at is None else float(mem.created_at)
         values = (
             mem.data_id,
@@ -473,7 +563,7 @@ class MemoryStore:
             mem.category,
             created,
             mem.source,
-            json.dumps(mem.extra, ensure_ascii=False),
+            extra,
         )
         cur.execute(
             "INSERT INTO memories (data_id, question, image_caption, workflow_summary, plan, "
@@ -510,8 +600,9 @@ class MemoryStore:
             rec = self._records.get(int(item_id))
             if rec is None:  # evicted, replaced or never existed: nothing to credit
                 continue
-            usage = rec.usage_count + 1
-            succ = rec.success_count + (1 if success else 0)
+            # Saturate: a counter at its bound stays there instead of overflowing the column.
+            usage = min(max(rec.usage_count, 0) + 1, MAX_COUNT)
+            succ = min(max(rec.success_count, 0) + (1 if success else 0), usage)
             win = succ / usage
             cur.execute(
                 "UPDATE memories SET usage_count = ?, success_count = ?, win_rate = ? WHERE id = ?",
@@ -691,8 +782,11 @@ class MemoryStore:
         if q_emb is None or c_emb is None:
             q, c = self.embed([question], [image_caption])
             q_emb, c_emb = q[0], c[0]
-        created = time.time() if created_at is None else float(created_at)
+        created = (
+            time.time() if created_at is None else _checked(lambda: check_timestamp(created_at))
+        )
         extra = dict(extra or {})
+        extra_text = _checked(lambda: extra_json(extra))
         with self._write_lock:
             with self._txn() as cur:
                 cur.execute(
@@ -708,7 +802,7 @@ class MemoryStore:
                         modality,
                         category,
                         created,
-                        json.dumps(extra, ensure_ascii=False),
+                        extra_text,
                         _blob(q_emb),
                         _blob(c_emb),
                     ),
@@ -800,8 +894,9 @@ class MemoryStore:
         """Append rollouts (dicts with Rollout's fields minus id/created_at) to the buffer."""
         now = time.time()
         ids = []
+        extras = [_checked(lambda r=r: _rollout_json(r)) for r in rollouts]
         with self._write_lock, self._txn() as cur:
-            for r in rollouts:
+            for r, (messages, extra) in zip(rollouts, extras, strict=True):
                 cur.execute(
                     "INSERT INTO rollouts (data_id, question, image_caption, plan, slow_plan, "
                     "judgement, messages, used_memory_ids, created_at, extra) "
@@ -813,10 +908,10 @@ class MemoryStore:
                         r.get("plan", ""),
                         r.get("slow_plan", ""),
                         r["judgement"],
-                        json.dumps(r.get("messages", []), ensure_ascii=False),
+                        messages,
                         json.dumps([int(i) for i in r.get("used_memory_ids", [])]),
                         now,
-                        json.dumps(r.get("extra", {}), ensure_ascii=False),
+                        extra,
                     ),
                 )
                 ids.append(int(cur.lastrowid))  # type: ignore[arg-type]
@@ -962,6 +1057,7 @@ class MemoryStore:
         ]
         with self._write_lock:
             with self._txn() as cur:
+                self._reset_sequences(cur)  # before the rows go: ids in use are not reused
                 for table in tables:
                     cur.execute(f"DELETE FROM {table}")
             self._load()
@@ -1083,7 +1179,9 @@ class MemoryStore:
         """AUTOINCREMENT counters at least ``sequences`` (so no id is ever handed out twice)."""
         with self._write_lock, self._txn() as cur:
             for name, seq in sequences.items():
-                if name not in ("memories", "plan_pairs", "rollouts", "memory_uses"):
+                # A live counter past MAX_ID (written before ids were checked) is not carried
+                # into the next store: it would leave no id to hand out.
+                if name not in ID_TABLES or seq > MAX_ID:
                     continue
                 cur.execute(
                     "UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = ?", (seq, name)
@@ -1158,9 +1256,30 @@ class _Txn:
         self.cur.execute("BEGIN IMMEDIATE")
         return self.cur
 
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is None:
-            self.conn.execute("COMMIT")
-        else:
-            self.conn.execute("ROLLBACK")
+    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
         self.cur.close()
+        if exc is None:
+            try:
+                self.conn.execute("COMMIT")
+                return
+            except sqlite3.Error as err:  # e.g. the disk filled while the WAL was written
+                exc = err
+        # SQLite has already rolled back after some errors (SQLITE_FULL); a second ROLLBACK
+        # would fail and hide the cause.
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        limit = _write_limit(exc)
+        if limit is not None:
+            log.warning("write refused: %s: %s", type(exc).__name__, exc)
+            raise limit from None
+        if _type is None:
+            raise exc
+
+
+def _write_limit(err: BaseException) -> ApiError | None:
+    """The API error for a write SQLite could not take (None: not a limit, a bug)."""
+    if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return StoreFull()
+    if isinstance(err, OverflowError | sqlite3.DataError):
+        return OutOfRange()
+    return None

@@ -1,22 +1,23 @@
 """Shared FastAPI pieces for every MIA service.
 
 One place for: the error envelope ``{"error": {"code", "message"}}`` (4xx for bad input, never a
-bare traceback), optional bearer-token auth, a request-size limit, ``GET /health``, and starting
-uvicorn on loopback (port 0 = ephemeral, the bound port written to ``--port-file`` so tests and
-the demo can find it).
+bare traceback), optional bearer-token auth, the cross-site guard (``Host`` and ``Origin``
+checks, JSON-only bodies), the request limits (body size, JSON depth, header and body read
+timeouts), ``GET /health``, and starting uvicorn on loopback (port 0 = ephemeral, the bound port
+written to ``--port-file`` so tests and the demo can find it). docs/security.md lists every
+limit with its default.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import html
-import json
 import logging
 import os
-import re
 import socket
 import sys
 import threading
@@ -33,16 +34,29 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mia.errors import MiaError
+from mia.http_guard import (
+    DEFAULT_MAX_BODY_BYTES,
+    RequestRefused,
+    ServiceLimits,
+    body_media_type,
+    check_content_type,
+    check_json_body,
+    check_origin,
+    header_timeout_protocol,
+    lone_surrogate,
+)
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServiceLimits", "lone_surrogate"]
 
 log = logging.getLogger("mia.http")
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _STATUS_CODES = {
     400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
@@ -52,6 +66,7 @@ _STATUS_CODES = {
     502: "upstream_error",
     503: "unavailable",
     504: "upstream_timeout",
+    507: "insufficient_storage",
 }
 
 
@@ -70,52 +85,6 @@ def error_response(status: int, message: str, code: str | None = None) -> JSONRe
         status_code=status,
         content={"error": {"code": code or _STATUS_CODES.get(status, "error"), "message": message}},
     )
-
-
-# A JSON string escape of a UTF-16 surrogate, or the UTF-8-style bytes of one (json.loads
-# decodes bytes with "surrogatepass", so both reach Python as a lone surrogate).
-_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
-
-
-def lone_surrogate(body: bytes) -> str | None:
-    """Where a JSON body holds a string with a lone surrogate (``"\\ud800"``), else None.
-
-    Such strings cannot be encoded as UTF-8, so SQLite, files and LLM requests would fail deep
-    inside a route (a 500); they are refused at the door instead. Paired surrogates (an escaped
-    emoji) are fine. The cheap byte scan keeps ordinary bodies from being parsed twice.
-    """
-    if not _SURROGATE_HINT.search(body):
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None  # not JSON: the route answers 400/422 itself
-    return _find_surrogate(data, "body")
-
-
-def _find_surrogate(value: Any, where: str) -> str | None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
-    if isinstance(value, dict):
-        items: Any = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        # The location is echoed in the error: a bad key is shown escaped, not as a surrogate.
-        name = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key
-        here = f"{where}.{name}" if where != "body" else str(name)
-        if isinstance(key, str) and _find_surrogate(key, here) is not None:
-            return here
-        found = _find_surrogate(item, here)
-        if found is not None:
-            return found
-    return None
 
 
 # ----------------------------------------------------------------------------- browser sessions
@@ -200,18 +169,58 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+async def _read_body(request: Request, limits: ServiceLimits) -> bytes:
+    """The request's body, read here (so the route gets it cached) within the size cap and the
+    body timeout; b"" for a request without one."""
+    length = request.headers.get("content-length")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    if length is None and not chunked:
+        return b""
+    if length is not None:
+        try:
+            declared = int(length)
+        except ValueError:
+            raise RequestRefused(400, "invalid Content-Length header") from None
+        if declared > limits.max_body_bytes:
+            raise RequestRefused(413, f"request body over {limits.max_body_bytes} bytes")
+        if declared == 0:
+            return b""
+
+    async def read() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise RequestRefused(413, f"request body over {limits.max_body_bytes} bytes")
+        return bytes(body)
+
+    try:
+        body = await asyncio.wait_for(read(), limits.body_timeout_s)
+    except TimeoutError:
+        raise RequestRefused(
+            408, f"the request body did not arrive within {limits.body_timeout_s:g} s"
+        ) from None
+    request._body = body  # starlette caches the body here for later reads
+    return body
+
+
 def create_app(
     title: str,
     *,
     token: str | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
+    limits: ServiceLimits | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
     version: str = "0.1.0",
     pages: tuple[str, ...] = (),
+    binary_types: tuple[str, ...] = (),
 ) -> FastAPI:
-    """A FastAPI app with MIA's envelope, auth, size limit and ``GET /health``.
+    """A FastAPI app with MIA's envelope, auth, cross-site guard, limits and ``GET /health``.
 
     ``token``: when set, every route except ``/health`` needs ``Authorization: Bearer <token>``.
+    ``limits``: body size, JSON depth, read timeouts and allowed hosts (:class:`ServiceLimits`);
+    ``max_body_bytes`` overrides its body size. ``binary_types``: media types accepted as
+    request bodies beside JSON (not checked as JSON).
     ``health``: extra fields for the health payload (called per request).
     ``pages``: path prefixes of browser pages; with a token they turn on browser sessions (see
     above): ``POST /login``, ``?token=`` on a page, the session cookie, and a sign-in form
@@ -222,7 +231,11 @@ def create_app(
         raise MiaError(f"{title}: the bearer token is empty; unset it to run without a token")
     app = FastAPI(title=title, version=version)
     app.state.token = token
-    app.state.max_body_bytes = max_body_bytes
+    limits = limits or ServiceLimits()
+    if max_body_bytes is not None:
+        limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
+    app.state.limits = limits
+    app.state.bind_host = None  # set by run_app / ServerThread: the Host check needs it
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -276,33 +289,29 @@ def create_app(
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):  # type: ignore[no-untyped-def]
-        denied = _auth(request)
-        if denied is not None:
-            return denied
-        length = request.headers.get("content-length")
-        limit = app.state.max_body_bytes
-        body: bytes | None = None
-        if length is not None:
-            try:
-                too_big = int(length) > limit
-            except ValueError:
-                return error_response(400, "invalid Content-Length header")
-            if too_big:
-                return error_response(413, f"request body over {limit} bytes")
-            if request.method in ("POST", "PUT", "PATCH"):
-                body = await request.body()  # cached: the route reads it again for free
-        elif request.method in ("POST", "PUT", "PATCH"):
-            # Chunked upload: read it here (bounded) so the route sees the cached body.
-            body = b""
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    return error_response(413, f"request body over {limit} bytes")
-            request._body = body  # starlette caches the body here for later reads
-        if body and (where := lone_surrogate(body)) is not None:
-            return error_response(
-                422, f"{where}: text holds a lone UTF-16 surrogate (not valid Unicode)"
-            )
+        limits: ServiceLimits = app.state.limits
+        method, headers = request.method, request.headers
+        try:
+            check_origin(headers, method, app.state.bind_host, limits.allowed_hosts)
+            denied = _auth(request)
+            if denied is not None:
+                return denied
+            body = await _read_body(request, limits)
+            login = bool(pages) and request.url.path == LOGIN_PATH
+            check_content_type(headers, method, bool(body), login, binary_types)
+            json_body = bool(body) and not login and body_media_type(headers) not in binary_types
+            if json_body and len(body) > 256 * 1024:
+                # Big bodies are scanned off the event loop (other requests keep flowing).
+                await asyncio.to_thread(check_json_body, body, limits.max_json_depth)
+            elif json_body:
+                check_json_body(body, limits.max_json_depth)
+        except RequestRefused as refused:
+            resp = error_response(refused.status, refused.message, refused.code)
+            if refused.status in (408, 413):
+                # The rest of the body may never come (or is not wanted): close the connection
+                # instead of waiting to read it.
+                resp.headers["connection"] = "close"
+            return resp
         return await call_next(request)
 
     if pages:
@@ -364,7 +373,47 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int, env_pref
         metavar="PATH",
         help="read the bearer token from this file (its first line)",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    defaults = ServiceLimits()
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=defaults.max_json_depth,
+        help="refuse JSON bodies nested deeper than this (422)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=defaults.header_timeout_s,
+        metavar="S",
+        help="close a connection whose request head takes longer than this",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=defaults.body_timeout_s,
+        metavar="S",
+        help="answer 408 when a request body takes longer than this",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default=os.environ.get(f"{env_prefix}_ALLOWED_HOSTS", ""),
+        metavar="H1,H2",
+        help="extra host names accepted in Host/Origin besides IP addresses, localhost and the "
+        f"bind address ('*': any; env {env_prefix}_ALLOWED_HOSTS)",
+    )
+
+
+def server_limits(args: argparse.Namespace) -> ServiceLimits:
+    """The :class:`ServiceLimits` given on the command line of :func:`add_server_args`."""
+    hosts = tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip())
+    return ServiceLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_json_depth=args.max_json_depth,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        allowed_hosts=hosts,
+    )
 
 
 def _nonempty_token(source: str) -> Callable[[str], str]:
@@ -417,10 +466,32 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_config(app: FastAPI, host: str) -> uvicorn.Config:
+    """uvicorn's settings for ``app`` bound to ``host``: the Host check learns the bind
+    address, and slow request heads are cut off (:class:`ServiceLimits`)."""
+    app.state.bind_host = host
+    limits: ServiceLimits = getattr(app.state, "limits", None) or ServiceLimits()
+    protocol = header_timeout_protocol(limits.header_timeout_s)
+    return uvicorn.Config(app, log_level="warning", access_log=False, http=protocol)
+
+
 def run_app(
-    app: FastAPI, host: str = "127.0.0.1", port: int = 0, port_file: str | None = None
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    port_file: str | None = None,
+    limits: ServiceLimits | None = None,
 ) -> None:
-    """Serve ``app`` until interrupted. With ``port=0`` an ephemeral port is chosen."""
+    """Serve ``app`` until interrupted. With ``port=0`` an ephemeral port is chosen;
+    ``limits`` (e.g. :func:`server_limits` of the command line) replaces the app's."""
+    if limits is not None:
+        app.state.limits = limits
+    if host in ("0.0.0.0", "::", "") and not app.state.token:
+        log.warning(
+            "%s: listening on every interface without a bearer token: anyone on the network "
+            "can use it (give --token-file)",
+            app.title,
+        )
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     if port_file:
@@ -429,8 +500,7 @@ def run_app(
         os.replace(tmp, port_file)
     log.info("%s listening on http://%s:%d", app.title, host, bound)
     print(f"{app.title} listening on http://{host}:{bound}", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(_uvicorn_config(app, host))
     server.run(sockets=[sock])
 
 
@@ -446,7 +516,7 @@ class ServerThread:
         self.sock = bind_socket(host, 0)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.server = uvicorn.Server(_uvicorn_config(app, host))
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:

@@ -114,14 +114,41 @@ def _open_file(path: Path) -> Image.Image:
     return _decode(path.read_bytes(), str(path))
 
 
-def _decode(data: bytes, what: str) -> Image.Image:
+def data_url_bytes(text: str) -> bytes:
+    """The bytes a base64 ``data:`` URL holds; ImageError when ``text`` is not one."""
+    match = _DATA_URL.match(text.strip())
+    if match is None:
+        raise ImageError("not a base64 data URL")
+    return _b64(match["data"], "data URL")
+
+
+def image_size(data: bytes, what: str = "image bytes") -> tuple[int, int]:
+    """``(width, height)`` that the header of encoded image ``data`` declares, read without
+    decoding the pixels. ImageError for bytes that are not an image and for a size over the
+    per-image limit (PIL's ``MAX_IMAGE_PIXELS``); ``what`` names the image in the message."""
+    with _open(data, what) as img:
+        return img.size
+
+
+def decode_image(data: bytes, what: str = "image bytes") -> Image.Image:
+    """Encoded image ``data`` decoded, in RGB, after the checks of :func:`image_size`."""
+    return _decode(data, what)
+
+
+def _open(data: bytes, what: str) -> Image.Image:
+    """The image with only its header read, its declared size within the per-image limit."""
     try:
-        img = Image.open(io.BytesIO(data))  # reads the header only
+        img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as err:  # declared far over PIL's own limit
         raise ImageError(f"{what} is too large to decode: {err}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         raise ImageError(f"cannot decode {what} as an image ({len(data)} bytes): {err}") from None
     _check_pixels(img.width, img.height, what)
+    return img
+
+
+def _decode(data: bytes, what: str) -> Image.Image:
+    img = _open(data, what)
     try:
         img.load()
     except (OSError, SyntaxError, ValueError) as err:

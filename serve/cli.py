@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from mia.agent import build_tools
-    from mia.http import run_app
+    from mia.http import run_app, server_limits
     from mia.llm.config import build_backend
 
     from .app import ExecutorService, create_serve_app
@@ -74,10 +74,18 @@ def main(argv: list[str] | None = None) -> None:
         chars_per_token=cfg.chars_per_token,
         image_tokens=cfg.image_tokens,
         images_by_id=images_by_id,
+        max_request_pixels=cfg.max_request_pixels,
+        max_request_images=cfg.max_request_images,
     )
     app = create_serve_app(service, token=args.token, max_body_bytes=args.max_body_bytes)
     try:
-        run_app(app, host=args.host, port=args.port, port_file=args.port_file)
+        run_app(
+            app,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            limits=server_limits(args),
+        )
     except OSError as err:
         raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
 

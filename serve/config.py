@@ -15,6 +15,10 @@ from mia.config import from_dict, load_dict, merge, option, section
 from mia.errors import MiaError
 from mia.llm.config import LLMConfig
 
+# The image budget of one request (ServeConfig.max_request_pixels / max_request_images).
+MAX_REQUEST_PIXELS = 50_000_000
+MAX_REQUEST_IMAGES = 16
+
 
 def default_llm() -> LLMConfig:
     """The embedded default model, in-process, with the Executor's sampling."""
@@ -49,10 +53,23 @@ class ServeConfig:
         "QA files (parquet / JSON / JSONL, the reference formats) whose images a request without "
         "images gets by its data_id (the first image, as the reference's Executor services did)",
     )
+    max_request_pixels: int = option(
+        MAX_REQUEST_PIXELS,
+        "pixels (width x height, read from the image headers before decoding) that all images "
+        "of one request may declare in all: those sent, those stored for its data_id and those "
+        "inside /continue's messages; more answers 413. Each image is also held to PIL's "
+        "per-image limit (about 89 megapixels, mia.vision; over it: 422)",
+    )
+    max_request_images: int = option(
+        MAX_REQUEST_IMAGES,
+        "images one request may carry, counted as for max_request_pixels; more answers 413",
+    )
 
     def validate(self) -> ServeConfig:
         if self.max_concurrency < 1:
             raise MiaError("serve config: max_concurrency must be >= 1")
+        if self.max_request_pixels < 1 or self.max_request_images < 1:
+            raise MiaError("serve config: max_request_pixels and max_request_images must be >= 1")
         if self.chars_per_token <= 0 or self.image_tokens < 0:
             raise MiaError("serve config: chars_per_token must be > 0 and image_tokens >= 0")
         self.llm.validate("serve config: llm")

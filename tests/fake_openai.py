@@ -1,12 +1,20 @@
 """A local OpenAI-compatible chat server for tests: ``/v1/chat/completions`` (JSON or SSE
 streaming) and ``/v1/models``, answering with ``reply(body) -> {"content"} | {"tool_calls"}``
-and keeping every request body and header it got."""
+and keeping every request body and header it got.
+
+To play a misbehaving upstream, set (any time): ``gzip`` (``"when_allowed"``: compress when
+the request's Accept-Encoding allows gzip; ``"always"``), ``extra_headers`` (added to every
+answer), ``inject`` (bytes: a stream sends them after its first word; a plain answer is
+them, status 200) and ``stall_s`` (a stream pauses that long after its first word; a plain
+answer before it starts)."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
-from collections.abc import Callable
+import zlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +30,10 @@ class FakeOpenAI:
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.count = 0
+        self.gzip = "never"  # | "when_allowed" | "always"
+        self.extra_headers: dict[str, str] = {}
+        self.inject: bytes | None = None
+        self.stall_s = 0.0
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._chat)
         self.app.get("/v1/models")(self._models)
@@ -38,17 +50,23 @@ class FakeOpenAI:
         out = self.reply(body)
         if "error" in out:
             status, message = out["error"]
-            return JSONResponse(
-                {"error": {"message": message, "type": "invalid_request_error", "code": None}},
-                status_code=status,
+            return self._out(
+                request,
+                JSONResponse(
+                    {"error": {"message": message, "type": "invalid_request_error", "code": None}},
+                    status_code=status,
+                ),
             )
         cid = f"chatcmpl-fake-{self.count}"
         finish = "tool_calls" if out.get("tool_calls") else "stop"
         if not body.get("stream"):
+            await asyncio.sleep(self.stall_s)
+            if self.inject is not None:
+                return self._out(request, Response(self.inject, media_type="application/json"))
             message: dict[str, Any] = {"role": "assistant", "content": out.get("content")}
             if out.get("tool_calls"):
                 message["tool_calls"] = out["tool_calls"]
-            return JSONResponse(
+            completion = JSONResponse(
                 {
                     "id": cid,
                     "object": "chat.completion",
@@ -58,6 +76,7 @@ class FakeOpenAI:
                     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                 }
             )
+            return self._out(request, completion)
 
         async def events():
             def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
@@ -75,9 +94,48 @@ class FakeOpenAI:
             for i, word in enumerate(words):
                 await asyncio.sleep(self.chunk_delay_s)
                 yield chunk({"content": word if i == 0 else " " + word})
+                if i == 0:
+                    await asyncio.sleep(self.stall_s)
+                    if self.inject is not None:
+                        yield self.inject
             for i, call in enumerate(out.get("tool_calls") or []):
                 yield chunk({"tool_calls": [{"index": i, **call}]})
             yield chunk({}, finish)
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return self._out_stream(request, events())
+
+    def _gzips(self, request: Request) -> bool:
+        if self.gzip == "always":
+            return True
+        for part in request.headers.get("accept-encoding", "").split(","):
+            name, _, weight = part.partition(";")
+            if name.strip().lower() in ("gzip", "*") and weight.replace(" ", "") != "q=0":
+                return self.gzip == "when_allowed"
+        return False
+
+    def _out(self, request: Request, response: Response) -> Response:
+        if self._gzips(request):
+            response = Response(
+                gzip.compress(response.body),
+                response.status_code,
+                headers={"content-encoding": "gzip"},
+                media_type=response.media_type,
+            )
+        response.headers.update(self.extra_headers)
+        return response
+
+    def _out_stream(self, request: Request, events: AsyncIterator[bytes]) -> Response:
+        headers = dict(self.extra_headers)
+        if self._gzips(request):
+            headers["content-encoding"] = "gzip"
+            events = _gzipped(events)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
+async def _gzipped(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """One gzip stream, flushed after every event so each arrives when sent."""
+    packer = zlib.compressobj(wbits=31)
+    async for event in events:
+        yield packer.compress(event) + packer.flush(zlib.Z_SYNC_FLUSH)
+    yield packer.flush()

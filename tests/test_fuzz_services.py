@@ -1,7 +1,8 @@
 """Property-based fuzzing of every route of every HTTP service (schemathesis over each live
 OpenAPI schema): valid and invalid requests alike must never get a 5xx (other than a documented
 upstream fault), every error must come in the ``{"error": {"code", "message"}}`` envelope, and
-no route may hit the unhandled-exception handler.
+no route may hit the unhandled-exception handler. Every service is fuzzed twice: without a
+token, and with one (the fuzzer sends it; each route must also refuse a request without it).
 
 Each service runs for real on an ephemeral loopback port (uvicorn in a thread) with real SQLite
 and indexes; the LLMs are scripted and Serper is the local fake. The budget is small and
@@ -36,10 +37,17 @@ MAX_EXAMPLES = 12  # per operation and generation mode
 UPSTREAM = {"web_tools": {502, 503, 504}}
 
 
-def fuzz(url: str, service: str, prefix: str = "/") -> dict[str, Counter[int]]:
+TOKENS = [None, "fuzz-t0ken"]
+
+
+def fuzz(
+    url: str, service: str, prefix: str = "/", token: str | None = None
+) -> dict[str, Counter[int]]:
     """Fuzz every operation of the service at ``url`` (whose path starts with ``prefix``);
-    returns the status codes seen per route."""
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    returns the status codes seen per route. With ``token``, requests carry it, and a request
+    without it must get 401 on every route but ``/health``."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=headers)
     seen: dict[str, Counter[int]] = {}
     problems: list[str] = []
     for result in schema.get_all_operations():
@@ -47,17 +55,35 @@ def fuzz(url: str, service: str, prefix: str = "/") -> dict[str, Counter[int]]:
         if not op.label.split(" ", 1)[1].startswith(prefix):
             continue
         counts = seen.setdefault(op.label, Counter())
+        if token:
+            _refused_without_token(url, op, problems)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             try:
-                _runner(url, service, op, mode, counts, problems)()
+                _runner(url, service, op, mode, counts, problems, headers)()
             except Unsatisfiable:  # no invalid request exists (e.g. GET /health: no inputs)
                 assert mode is GenerationMode.NEGATIVE, op.label
     assert not problems, "\n".join(problems[:20])
     return seen
 
 
+def _refused_without_token(url: str, op: Any, problems: list[str]) -> None:
+    method, path = op.label.split(" ", 1)
+    if path == "/health":
+        return
+    path = path.replace("{", "").replace("}", "")  # any value: auth comes before routing
+    resp = httpx.request(method, url + path, json={} if method == "POST" else None, timeout=30)
+    if resp.status_code != 401:
+        problems.append(f"{op.label} without the token: {resp.status_code} {resp.text[:200]}")
+
+
 def _runner(
-    url: str, service: str, op: Any, mode: GenerationMode, counts: Counter[int], problems: list[str]
+    url: str,
+    service: str,
+    op: Any,
+    mode: GenerationMode,
+    counts: Counter[int],
+    problems: list[str],
+    headers: dict[str, str],
 ) -> Any:
     allowed = UPSTREAM.get(service, set())
 
@@ -71,7 +97,7 @@ def _runner(
     )
     @given(case=op.as_strategy(generation_mode=mode))
     def run(case: Any) -> None:
-        resp = case.call(base_url=url, timeout=60)
+        resp = case.call(base_url=url, timeout=60, headers=headers)
         counts[resp.status_code] += 1
         where = f"{op.label} {mode.value}: {resp.status_code} for {case.body!r:.300}"
         if resp.status_code >= 500 and resp.status_code not in allowed:
@@ -86,6 +112,17 @@ def _runner(
     return run
 
 
+def _store_still_works(url: str, token: str | None) -> None:
+    """After the fuzzing (which may have cleared or reloaded it), the store takes a write and
+    gives it back."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    item = {"question": "Is the store intact?", "judgement": "correct", "workflow_summary": "1. s"}
+    r = httpx.post(f"{url}/memories", json=item, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    r = httpx.get(f"{url}/memories", params={"q": "intact"}, headers=headers, timeout=60)
+    assert r.status_code == 200 and r.json()["memories"][0]["question"] == item["question"], r.text
+
+
 @pytest.fixture
 def no_unhandled(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     with caplog.at_level(logging.ERROR, logger="mia.http"):
@@ -94,9 +131,8 @@ def no_unhandled(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def search_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from local_search import build_index, open_index
-    from local_search.server import create_search_app
+def search_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from local_search import build_index
 
     root = tmp_path_factory.mktemp("search")
     words = ["apples", "rivers", "castles", "volcanoes", "Eiffel Tower", "Paris"]
@@ -107,30 +143,50 @@ def search_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )  # fmt: skip
     )
     build_index(root / "c.jsonl", root / "idx", "bm25")
-    with open_index(root / "idx") as retriever, ServerThread(create_search_app(retriever)) as url:
+    return root / "idx"
+
+
+@pytest.fixture(scope="module")
+def search_url(search_index: Path) -> Iterator[str]:
+    from local_search import open_index
+    from local_search.server import create_search_app
+
+    with open_index(search_index) as retriever, ServerThread(create_search_app(retriever)) as url:
         yield url
 
 
-def test_fuzz_local_search(search_url: str, no_unhandled: None) -> None:
-    seen = fuzz(search_url, "local_search")
+@pytest.mark.parametrize("token", TOKENS)
+def test_fuzz_local_search(search_index: Path, token: str | None, no_unhandled: None) -> None:
+    from local_search import open_index
+    from local_search.server import create_search_app
+
+    with (
+        open_index(search_index) as retriever,
+        ServerThread(create_search_app(retriever, token=token)) as url,
+    ):
+        seen = fuzz(url, "local_search", token=token)
     assert set(seen) == {"GET /health", "POST /retrieve"}
     assert seen["POST /retrieve"][200] and seen["POST /retrieve"][422]
 
 
-def test_fuzz_serve(search_url: str, no_unhandled: None) -> None:
+@pytest.mark.parametrize("token", TOKENS)
+def test_fuzz_serve(search_url: str, token: str | None, no_unhandled: None) -> None:
     from mia.agent import AgentConfig, build_tools
     from serve import ExecutorService, create_serve_app
 
     tools = build_tools({"search": {"type": "search", "params": {"url": search_url}}})
     executor = ScriptedChat(lambda _m: "<think>easy</think>\n<answer>Paris</answer>")
     service = ExecutorService(executor, tools, AgentConfig(image_size=16))
-    with ServerThread(create_serve_app(service)) as url:
-        seen = fuzz(url, "serve")
+    with ServerThread(create_serve_app(service, token=token)) as url:
+        seen = fuzz(url, "serve", token=token)
     assert {"POST /execute", "POST /plan", "POST /continue", "POST /replan"} <= set(seen)
     assert seen["POST /execute"][200] and seen["POST /execute"][422]
 
 
-def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> None:
+@pytest.mark.parametrize("token", TOKENS)
+def test_fuzz_memory_serve_with_planner(
+    tmp_path: Path, token: str | None, no_unhandled: None
+) -> None:
     from memory_serve.app import build_app
     from memory_serve.config import load_config
     from memory_serve.service import MemoryService
@@ -147,8 +203,10 @@ def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> N
     )
     store = MemoryStore(tmp_path / "m.sqlite", shared_embedder(), cfg.store)
     try:
-        with ServerThread(build_app(MemoryService(cfg, store, reply, reply))) as url:
-            seen = fuzz(url, "memory_serve")
+        app = build_app(MemoryService(cfg, store, reply, reply), token=token)
+        with ServerThread(app) as url:
+            seen = fuzz(url, "memory_serve", token=token)
+            _store_still_works(url, token)
     finally:
         store.close()
     routes = "memory plan best_plan judge_replan replan replan_train memories batch_memory_save "
@@ -166,7 +224,8 @@ def test_fuzz_memory_serve_with_planner(tmp_path: Path, no_unhandled: None) -> N
     }
 
 
-def test_fuzz_memory_serve_proxy(tmp_path: Path, no_unhandled: None) -> None:
+@pytest.mark.parametrize("token", TOKENS)
+def test_fuzz_memory_serve_proxy(tmp_path: Path, token: str | None, no_unhandled: None) -> None:
     """The proxy's routes (``--proxy``) in front of a local fake upstream that always answers."""
     from memory_serve.app import build_app
     from memory_serve.config import load_config
@@ -180,17 +239,19 @@ def test_fuzz_memory_serve_proxy(tmp_path: Path, no_unhandled: None) -> None:
     with ServerThread(upstream.app) as up:
         cfg = load_config(None, [f"proxy.upstream={up}/v1", "proxy.timeout_s=30"])
         store = MemoryStore(tmp_path / "m.sqlite", shared_embedder(), cfg.store)
-        app = build_app(MemoryService(cfg, store, reply, reply))
+        app = build_app(MemoryService(cfg, store, reply, reply), token=token)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             with ServerThread(app) as url:
                 # One real task first, so feedback/task cases can meet an existing id too.
                 r = httpx.post(
                     f"{url}/v1/chat/completions",
                     json={"model": "m", "messages": [{"role": "user", "content": "Where?"}]},
+                    headers=headers,
                     timeout=60,
                 )
                 assert r.status_code == 200, r.text
-                seen = fuzz(url, "memory_serve_proxy", prefix="/v1/")  # the rest: above
+                seen = fuzz(url, "memory_serve_proxy", prefix="/v1/", token=token)
         finally:
             app.state.proxy.tasks.close()
             store.close()
@@ -205,7 +266,8 @@ def test_fuzz_memory_serve_proxy(tmp_path: Path, no_unhandled: None) -> None:
     assert seen["POST /v1/chat/completions"][200] > 0, seen
 
 
-def test_fuzz_web_tools(tmp_path: Path, no_unhandled: None) -> None:
+@pytest.mark.parametrize("token", TOKENS)
+def test_fuzz_web_tools(tmp_path: Path, token: str | None, no_unhandled: None) -> None:
     from fake_serper import FakeSerper
 
     from web_tools.config import WebToolsConfig
@@ -230,23 +292,26 @@ def test_fuzz_web_tools(tmp_path: Path, no_unhandled: None) -> None:
             backoff_base_s=0.001,
             backoff_max_s=0.01,
         )
-        with ServerThread(build_app(config, serper_key="k", ddgs_call=ddgs_call)) as url:
-            seen = fuzz(url, "web_tools")
+        app = build_app(config, serper_key="k", ddgs_call=ddgs_call, token=token)
+        with ServerThread(app) as url:
+            seen = fuzz(url, "web_tools", token=token)
     routes = {"GET /search", "POST /search", "GET /image_search", "GET /web_scrape", "GET /health"}
     assert set(seen) == routes
     assert all(seen[r][200] > 0 for r in ("GET /search", "POST /search", "GET /image_search"))
     assert sum(seen["GET /web_scrape"].values()) > 0
 
 
-def test_fuzz_reward_server(tmp_path: Path, no_unhandled: None) -> None:
+@pytest.mark.parametrize("token", TOKENS)
+def test_fuzz_reward_server(tmp_path: Path, token: str | None, no_unhandled: None) -> None:
     from mia.judge import RuleJudge
     from mia.rewards.hooks import planner_gt_reward
     from ttrl_streaming.reward_server import GTStore, create_reward_app
 
     store = GTStore(tmp_path / "gts.sqlite")
     try:
-        with ServerThread(create_reward_app(store, RuleJudge(), planner_gt_reward)) as url:
-            seen = fuzz(url, "reward_server")
+        app = create_reward_app(store, RuleJudge(), planner_gt_reward, token=token)
+        with ServerThread(app) as url:
+            seen = fuzz(url, "reward_server", token=token)
     finally:
         store.close()
     assert any("compute_gt_reward" in r for r in seen) and any("register_gts" in r for r in seen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,9 +84,15 @@ def upstream_reply(body: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def proxy_stack(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: tuple[str, ...] = ()
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: tuple[str, ...] = (),
+    upstream_key: str | None = UPSTREAM_KEY,
 ) -> Iterator[tuple[str, FakeOpenAI, FakeOpenAI, MemoryService]]:
-    monkeypatch.setenv("MIA_PROXY_API_KEY", UPSTREAM_KEY)
+    if upstream_key is None:
+        monkeypatch.delenv("MIA_PROXY_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("MIA_PROXY_API_KEY", upstream_key)
     manager_llm = FakeOpenAI(manager_reply)
     upstream = FakeOpenAI(upstream_reply)
     with ServerThread(manager_llm.app) as llm_url, ServerThread(upstream.app) as up_url:
@@ -352,3 +359,328 @@ def test_proxy_tasks_in_the_inspector(tmp_path: Path, monkeypatch: pytest.Monkey
         assert source.text == "proxy"
         driver.save_screenshot(str(screenshot_dir(tmp_path) / "proxy-inspector.png"))
         assert severe_logs(driver) == []
+
+
+# ----------------------------------------------------------------- a misbehaving upstream
+
+ANSWER = "It stands in Paris, on the Champ de Mars."
+
+
+def mia_api(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+
+
+def ask(question: str = FIRST, stream: bool = False) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": question}], "stream": stream}
+
+
+def streamed(api: httpx.Client, body: dict[str, Any]) -> tuple[httpx.Headers, bytes]:
+    """The answer's headers and its bytes exactly as they came over the wire."""
+    with api.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        return r.headers, b"".join(r.iter_raw())
+
+
+def sse_text(raw: bytes) -> str:
+    """The content deltas of a relayed stream, joined."""
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def error_event(code: str, message: str) -> bytes:
+    return f'data: {{"error": {{"code": "{code}", "message": "{message}"}}}}\n\n'.encode()
+
+
+def assert_store_writable(api: httpx.Client, stream: bool = True) -> None:
+    """A fresh task still goes through, is recorded and its outcome written to memory."""
+    if stream:
+        headers, raw = streamed(api, ask(SECOND, stream=True))
+        assert sse_text(raw) == ANSWER
+    else:
+        r = api.post("/v1/chat/completions", json=ask(SECOND))
+        assert r.status_code == 200, r.text
+        headers = r.headers
+    task = headers["x-mia-task-id"]
+    assert api.get(f"/v1/tasks/{task}").json()["turns"] == 1
+    r = api.post("/v1/feedback", json={"task_id": task, "correct": True})
+    assert r.status_code == 200 and r.json()["status"] == "recorded", r.text
+
+
+def test_proxy_asks_for_identity_and_never_relays_compressed_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with proxy_stack(tmp_path, monkeypatch) as (url, _, upstream, service), mia_api(url) as api:
+        upstream.gzip = "when_allowed"
+        direct = httpx.post(f"{service.cfg.proxy.upstream}/chat/completions", json=ask())
+        assert direct.headers["content-encoding"] == "gzip"  # the fake gzips when allowed
+        for mode in ("when_allowed", "always"):  # "always": an upstream ignoring the request
+            upstream.gzip = mode
+            r = api.post("/v1/chat/completions", json=ask())  # the client itself allows gzip
+            assert upstream.headers[-1]["accept-encoding"] == "identity"
+            assert r.status_code == 200 and "content-encoding" not in r.headers
+            assert json.loads(r.content)["choices"][0]["message"]["content"] == ANSWER
+            assert api.get(f"/v1/tasks/{r.headers['x-mia-task-id']}").json()["turns"] == 1
+            headers, raw = streamed(api, ask(stream=True))
+            assert upstream.headers[-1]["accept-encoding"] == "identity"
+            assert "content-encoding" not in headers and raw.startswith(b"data: {")
+            assert raw.endswith(b"data: [DONE]\n\n") and sse_text(raw) == ANSWER
+            assert api.get(f"/v1/tasks/{headers['x-mia-task-id']}").json()["turns"] == 1
+        # An encoding httpx cannot undo is refused rather than passed on unlabelled.
+        upstream.gzip, upstream.extra_headers = "never", {"Content-Encoding": "br"}
+        r = api.post("/v1/chat/completions", json=ask())
+        assert r.status_code == 502 and r.json() == {
+            "error": {
+                "code": "upstream_malformed",
+                "message": "the upstream answer has an unknown Content-Encoding",
+            }
+        }
+        assert api.get(f"/v1/tasks/{r.headers['x-mia-task-id']}").json()["status"] == "failed"
+
+
+HOP_REQUEST_HEADERS = {
+    "Connection": "keep-alive, X-Client-Hop",
+    "X-Client-Hop": "named by Connection",
+    "Keep-Alive": "timeout=5",
+    "Proxy-Authorization": "Basic cHJveHk6c2VjcmV0",
+    "Proxy-Connection": "keep-alive",
+    "TE": "trailers",
+    "Trailer": "X-Checksum",
+    "Upgrade": "h2c",
+    "Content-Encoding": "identity",
+    "Cookie": "mia_session=abc",
+}
+HOP_ANSWER_HEADERS = {
+    "Connection": "X-Upstream-Hop, X-Ratelimit-Limit-Requests",
+    "X-Upstream-Hop": "1",
+    "X-Ratelimit-Limit-Requests": "9",  # relayable, but this time named by Connection
+    "Keep-Alive": "timeout=99",
+    "Proxy-Authenticate": "Basic realm=upstream",
+    "Trailer": "X-Checksum",
+    "Upgrade": "h2c",
+    "Set-Cookie": "upstream=1",
+    "X-Request-Id": "req-1",
+    "X-Ratelimit-Remaining-Requests": "7",
+}
+
+
+def assert_no_upstream_hops(headers: httpx.Headers) -> None:
+    for name in ("x-upstream-hop", "x-ratelimit-limit-requests", "keep-alive", "upgrade"):
+        assert name not in headers, name
+    for name in ("proxy-authenticate", "trailer", "set-cookie", "content-encoding"):
+        assert name not in headers, name
+    assert "x-upstream-hop" not in headers.get("connection", "").lower()
+    assert (headers["x-request-id"], headers["x-ratelimit-remaining-requests"]) == ("req-1", "7")
+
+
+def test_proxy_strips_hop_by_hop_headers_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No upstream key set: the client's Authorization (MIA's own token) stays home too."""
+    with (
+        proxy_stack(tmp_path, monkeypatch, upstream_key=None) as (url, _, upstream, service),
+        mia_api(url) as api,
+    ):
+        upstream.extra_headers = HOP_ANSWER_HEADERS
+        extra = {**HOP_REQUEST_HEADERS, "X-Custom": "kept", "OpenAI-Organization": "org-1"}
+        extra["Content-Type"] = "application/json"
+        for stream in (False, True):
+            body = json.dumps(ask(stream=stream)).encode()
+            # A chunked upload: the client's Transfer-Encoding must not travel on either.
+            req = api.build_request(
+                "POST", "/v1/chat/completions", content=iter([body]), headers=extra
+            )
+            assert req.headers["transfer-encoding"] == "chunked"
+            r = api.send(req)
+            assert r.status_code == 200, r.text
+            got = upstream.headers[-1]
+            for name in HOP_REQUEST_HEADERS:
+                if name != "Connection":
+                    assert name.lower() not in got, name
+            assert "authorization" not in got and "transfer-encoding" not in got
+            assert got["connection"] == "keep-alive"  # the proxy's own connection's
+            assert got["host"] == httpx.URL(service.cfg.proxy.upstream or "").netloc.decode()
+            assert got["accept-encoding"] == "identity"
+            assert (got["x-custom"], got["openai-organization"]) == ("kept", "org-1")
+            assert_no_upstream_hops(r.headers)
+            if stream:
+                assert sse_text(r.content) == ANSWER
+            else:
+                assert "transfer-encoding" not in r.headers
+                assert r.json()["choices"][0]["message"]["content"] == ANSWER
+
+
+BAD_EVENTS = {
+    "not_json": (b"data: {not json\n\n", "not JSON"),
+    "not_sse": (b"<html>502 Bad Gateway</html>\n\n", "not an SSE line"),
+    "not_utf8": (b'data: {"id": "\xff\xfe"}\n\n', "not UTF-8"),
+    "nested_3000_deep": (b"data: " + b"[" * 3000 + b"]" * 3000 + b"\n\n", "JSON nested too deep"),
+    "not_an_object": (b"data: 42\n\n", "an event is not a JSON object"),
+    "bad_delta": (b'data: {"choices": [{"delta": {"content": 7}}]}\n\n', "content is not a string"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_EVENTS, ids=list(BAD_EVENTS))
+def test_proxy_stream_malformed_upstream_event_ends_with_an_error_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    inject, reason = BAD_EVENTS[bad]
+    message = f"the upstream model sent a malformed stream ({reason})"
+    with proxy_stack(tmp_path, monkeypatch) as (url, _, upstream, _), mia_api(url) as api:
+        upstream.inject = inject
+        headers, raw = streamed(api, ask(stream=True))
+        # The events before the bad one, then the error and [DONE]; never the bad bytes.
+        events = raw.split(b"\n\n")
+        assert [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events[:2]] == [
+            "",
+            "It",
+        ]
+        assert raw.endswith(error_event("upstream_malformed", message) + b"data: [DONE]\n\n")
+        assert len(events) == 5 and inject.strip() not in raw
+        task = api.get(f"/v1/tasks/{headers['x-mia-task-id']}").json()
+        assert (task["status"], task["turns"], task["question"]) == ("failed", 0, FIRST)
+        r = api.post("/v1/feedback", json={"task_id": task["task_id"], "correct": False})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "no_answer"
+        # An OpenAI client raises the message instead of choking on the bad bytes.
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
+        with pytest.raises(openai.APIError, match=re.escape(message)):
+            list(client.chat.completions.create(**ask(stream=True)))
+        upstream.inject = None
+        assert_store_writable(api)
+
+
+def test_proxy_stream_stall_ends_with_a_timeout_event_and_a_retry_reopens_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        proxy_stack(tmp_path, monkeypatch, ("proxy.timeout_s=1",)) as (url, _, upstream, _),
+        mia_api(url) as api,
+    ):
+        first = api.post("/v1/chat/completions", json={**ask(), "tools": TOOLS})
+        assert first.status_code == 200
+        task_id = first.headers["x-mia-task-id"]
+        later = {
+            "model": "m",
+            "tools": TOOLS,
+            "stream": True,
+            "messages": [
+                {"role": "user", "content": FIRST},
+                first.json()["choices"][0]["message"],
+                {"role": "tool", "tool_call_id": "call_1", "content": "Paris"},
+            ],
+        }
+        upstream.stall_s = 3.0
+        headers, raw = streamed(api, later)
+        assert headers["x-mia-task-id"] == task_id and headers["x-mia-plan"] == "continued"
+        stalled = error_event("upstream_timeout", "the upstream model sent nothing for 1s")
+        assert raw.endswith(
+            b'"content": "The"}, "finish_reason": null}]}\n\n' + stalled + (b"data: [DONE]\n\n")
+        )
+        task = api.get(f"/v1/tasks/{task_id}").json()
+        assert (task["status"], task["turns"]) == ("failed", 1)  # the first answer stays
+        upstream.stall_s = 0.0
+        _, raw = streamed(api, later)  # the client retries the turn
+        assert sse_text(raw) == "The Eiffel Tower is in Paris, France."
+        task = api.get(f"/v1/tasks/{task_id}").json()
+        assert (task["status"], task["turns"]) == ("open", 2)
+        r = api.post("/v1/feedback", json={"task_id": task_id, "correct": True})
+        assert r.status_code == 200 and r.json()["result"]["action"] == "inserted", r.text
+        assert_store_writable(api)
+
+
+def test_proxy_stream_upstream_error_event_is_relayed_and_fails_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream_error = b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n'
+    with proxy_stack(tmp_path, monkeypatch) as (url, _, upstream, _), mia_api(url) as api:
+        upstream.inject = upstream_error
+        headers, raw = streamed(api, ask(stream=True))
+        assert upstream_error in raw and b"upstream_malformed" not in raw
+        task = api.get(f"/v1/tasks/{headers['x-mia-task-id']}").json()
+        assert (task["status"], task["turns"]) == ("failed", 0)
+        upstream.inject = None
+        assert_store_writable(api)
+
+
+BAD_ANSWERS = {
+    "not_json": (b"{not json", "not JSON"),
+    "not_utf8": (b'{"id": "\xff\xfe"}', "not JSON"),
+    "nested_3000_deep": (b"[" * 3000 + b"]" * 3000, "JSON nested too deep"),
+    "deep_in_a_message": (
+        b'{"choices": [{"message": {"content": ' + b"[" * 3000 + b"]" * 3000 + b"}}]}",
+        "JSON nested too deep",
+    ),
+    "no_choices": (b'{"id": "chatcmpl-1", "choices": []}', "no choices"),
+    "bad_tool_call": (
+        b'{"choices": [{"message": {"content": null, "tool_calls": [{"function": 3}]}}]}',
+        "a tool call's function is not a JSON object",
+    ),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_ANSWERS, ids=list(BAD_ANSWERS))
+def test_proxy_malformed_upstream_answer_is_502_and_fails_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    body, reason = BAD_ANSWERS[bad]
+    with proxy_stack(tmp_path, monkeypatch) as (url, _, upstream, _), mia_api(url) as api:
+        upstream.inject = body
+        r = api.post("/v1/chat/completions", json=ask())
+        assert r.status_code == 502 and r.json() == {
+            "error": {
+                "code": "upstream_malformed",
+                "message": f"the upstream answer is not a chat completion ({reason})",
+            }
+        }
+        task = api.get(f"/v1/tasks/{r.headers['x-mia-task-id']}").json()
+        assert (task["status"], task["turns"]) == ("failed", 0)
+        upstream.inject = None
+        assert_store_writable(api, stream=False)
+
+
+def test_proxy_stalled_upstream_answer_is_504_and_fails_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        proxy_stack(tmp_path, monkeypatch, ("proxy.timeout_s=1",)) as (url, _, upstream, _),
+        mia_api(url) as api,
+    ):
+        upstream.stall_s = 3.0
+        r = api.post("/v1/chat/completions", json=ask())
+        assert r.status_code == 504 and r.json() == {
+            "error": {
+                "code": "upstream_timeout",
+                "message": "the upstream model gave no answer within 1s",
+            }
+        }
+        task = api.get(f"/v1/tasks/{r.headers['x-mia-task-id']}").json()
+        assert (task["status"], task["turns"]) == ("failed", 0)
+        upstream.stall_s = 0.0
+        assert_store_writable(api, stream=False)
+
+
+def test_proxy_lone_surrogate_answer_is_relayed_and_recorded_with_u_fffd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = (
+        b'{"id": "chatcmpl-s", "object": "chat.completion", "choices": [{"index": 0, '
+        b'"message": {"role": "assistant", "content": "Paris \\ud800 France"}}]}'
+    )
+    chunk = b'data: {"id": "chatcmpl-t", "choices": [{"delta": {"content": " \\udfff"}}]}\n\n'
+    with proxy_stack(tmp_path, monkeypatch) as (url, llm, upstream, _), mia_api(url) as api:
+        upstream.inject = plain
+        r = api.post("/v1/chat/completions", json=ask())
+        assert r.status_code == 200 and r.content == plain  # relayed as the upstream sent it
+        fb = api.post("/v1/feedback", json={"completion_id": "chatcmpl-s", "correct": True})
+        assert fb.status_code == 200, fb.text
+        assert "<answer>Paris \ufffd France</answer>" in llm.bodies[-1]["messages"][-1]["content"]
+        upstream.inject = chunk
+        headers, raw = streamed(api, ask(SECOND, stream=True))
+        assert chunk in raw and raw.endswith(b"data: [DONE]\n\n")
+        fb = api.post("/v1/feedback", json={"task_id": headers["x-mia-task-id"], "correct": True})
+        assert fb.status_code == 200, fb.text
+        assert (
+            f"<answer>It \ufffd{ANSWER[2:]}</answer>" in llm.bodies[-1]["messages"][-1]["content"]
+        )
+        upstream.inject = None
+        assert_store_writable(api)

@@ -288,6 +288,7 @@ def test_web_tools_reference_client(tmp_path: Path) -> None:
         config = WebToolsConfig(
             serper_url=f"{serper_url}/search", serper_images_url=f"{serper_url}/images",
             cache_path=str(tmp_path / "c.sqlite"), rate_limit_qps=0.0, default_engine="ddgs",
+            fetch_allow_hosts=[web_url.removeprefix("http://")],  # the fake web is on loopback
         )  # fmt: skip
         app = build_app(config, serper_key="k", ddgs_call=ddgs_call)
         with ServerThread(app) as url:

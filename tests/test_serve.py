@@ -353,7 +353,7 @@ def test_oversized_images_are_422_not_500(server: str) -> None:
         (
             "/continue",
             {"question": "q", "messages": messages, "replan": "r"},
-            "data URL is too large",
+            "messages[1].content[1]: data URL is too large",
         )
     )
     for path, payload, message in cases:

@@ -166,7 +166,7 @@ def test_malformed_submissions_are_4xx(stack) -> None:
     assert "malformed JSON" in _error(
         httpx.post(url, content=b"{", headers={"content-type": "application/json"}), 400
     )
-    assert "content type 'text/plain'" in _error(
+    assert "must be application/json or application/x-safetensors" in _error(
         httpx.post(url, content=b"hi", headers={"content-type": "text/plain"}), 415
     )
     row = {"group": "g", "prompt_ids": [1, 2], "response_ids": [3, 4], "reward": 1.0}

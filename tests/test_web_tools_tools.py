@@ -115,6 +115,9 @@ def gateway(
             "timeout_s": 5.0,
             "backoff_base_s": 0.001,
             "backoff_max_s": 0.01,
+            # The fake web listens on loopback, which fetches refuse unless allow-listed: open
+            # exactly its port (tests/test_ssrf.py checks the refusal itself).
+            "fetch_allow_hosts": [web[1].removeprefix("http://")],
             **overrides,
         }
         app = build_app(WebToolsConfig(**settings), serper_key=key, ddgs_call=ddgs)

@@ -36,7 +36,7 @@ from fastapi import FastAPI
 
 from mia.config import add_help_config, load_dict, resolve_path, to_dict
 from mia.errors import MiaError
-from mia.http import ApiError, add_server_args, create_app, run_app
+from mia.http import ApiError, add_server_args, create_app, run_app, server_limits
 from mia.judge import JudgeConfig
 from mia.judge.base import Judge, JudgeError
 from mia.paths import config_dir, mia_home
@@ -356,7 +356,13 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     try:
-        run_app(app, host=args.host, port=args.port, port_file=args.port_file)
+        run_app(
+            app,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            limits=server_limits(args),
+        )
     except OSError as err:
         raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     finally:

@@ -52,7 +52,14 @@ from starlette.concurrency import run_in_threadpool
 
 from mia.config import add_help_config, to_yaml
 from mia.errors import MiaError
-from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, add_server_args, create_app, run_app
+from mia.http import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiError,
+    add_server_args,
+    create_app,
+    run_app,
+    server_limits,
+)
 from mia.planner.episode import PlannerEpisode
 from mia.planner.reward import PlannerReward, RemoteReward
 from mia.rl.trainer import RolloutResult, Trainer, group_results
@@ -393,7 +400,11 @@ def create_streaming_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     app = create_app(
-        "ttrl_streaming", token=token, max_body_bytes=max_body_bytes, health=server.health
+        "ttrl_streaming",
+        token=token,
+        max_body_bytes=max_body_bytes,
+        health=server.health,
+        binary_types=SAFETENSORS_TYPES,
     )
     app.state.server = server
 
@@ -496,7 +507,13 @@ def main(argv: list[str] | None = None) -> None:
     server = StreamingServer(cfg).start()
     app = create_streaming_app(server, token=args.token, max_body_bytes=args.max_body_bytes)
     try:
-        run_app(app, host=args.host, port=args.port, port_file=args.port_file)
+        run_app(
+            app,
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            limits=server_limits(args),
+        )
     except OSError as err:
         raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     finally:

@@ -8,7 +8,7 @@ import os
 
 from mia.config import add_help_config, help_config
 from mia.errors import MiaError
-from mia.http import add_server_args, run_app
+from mia.http import add_server_args, run_app, server_limits
 from web_tools.config import WebToolsConfig, load_config
 
 
@@ -78,6 +78,15 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="retries on timeouts / 429 / 5xx (default 3)",
     )
     p.add_argument(
+        "--fetch-allow-host",
+        dest="fetch_allow_hosts",
+        action="append",
+        default=None,
+        metavar="HOST",
+        help="let page and image fetches reach HOST although it is not a public address "
+        "(name, IP, CIDR, optional :PORT); repeat for several; replaces fetch_allow_hosts",
+    )
+    p.add_argument(
         "--log-level",
         default="INFO",
         type=str.upper,
@@ -102,6 +111,7 @@ def serve(argv: list[str]) -> None:
         max_concurrency=args.max_concurrency,
         timeout_s=args.timeout_s,
         max_retries=args.max_retries,
+        fetch_allow_hosts=args.fetch_allow_hosts,
     )
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -115,7 +125,7 @@ def serve(argv: list[str]) -> None:
         )
     app = build_app(config, serper_key=key, token=args.token, max_body_bytes=args.max_body_bytes)
     try:
-        run_app(app, args.host, args.port, args.port_file)
+        run_app(app, args.host, args.port, args.port_file, limits=server_limits(args))
     except OSError as err:
         raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror}") from None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from mia.config import from_dict, load_dict, option
 from mia.errors import MiaError
+from web_tools.ssrf import AllowList
 
 DEFAULT_SERPER_URL = "https://google.serper.dev/search"
 DEFAULT_SERPER_IMAGES_URL = "https://google.serper.dev/images"
@@ -72,6 +73,14 @@ class WebToolsConfig:
         "Mozilla/5.0 (compatible; mia-web-tools/1.0)",
         "User-Agent header of page and image fetches",
     )
+    fetch_allow_hosts: list[str] = option(
+        [],
+        "hosts that page and image fetches may reach although their address is not public "
+        "(loopback, private, link-local, metadata... are refused otherwise): a host name "
+        "(exact match of the URL's host; any address it resolves to), an IP address (any name "
+        "resolving to it) or a CIDR range; a name or an address may end in :PORT "
+        "([v6]:PORT) to open only that port (or --fetch-allow-host, repeated)",
+    )
 
     def validate(self) -> WebToolsConfig:
         checks = [
@@ -100,6 +109,10 @@ class WebToolsConfig:
         for ok, message in checks:
             if not ok:
                 raise MiaError(f"web_tools config: {message}")
+        try:
+            AllowList(self.fetch_allow_hosts)
+        except ValueError as err:
+            raise MiaError(f"web_tools config: fetch_allow_hosts: {err}") from None
         return self
 
 

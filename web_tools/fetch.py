@@ -4,6 +4,10 @@ Only http and https (the request model refuses other schemes, and httpx refuses 
 redirect anywhere else), at most ``max_redirects`` redirects, a byte cap enforced while
 streaming (a server that lies about Content-Length still cannot make us read more), and the
 shared retry policy (timeouts, connection errors, 429 and 5xx are retried; other 4xx are not).
+The client comes from :func:`web_tools.ssrf.guarded_client`: addresses that are not public are
+refused at connect time. Every failure to reach a host (a refused address, DNS, a refused
+connection, a timeout, TLS) answers the same :data:`UNREACHABLE` message, so the answers
+cannot be used to map the network; the cause goes to the log.
 Extraction uses trafilatura (main text as Markdown, boilerplate removed), imported lazily.
 """
 
@@ -19,11 +23,13 @@ from typing import Any
 import httpx
 
 from web_tools.retry import Upstream, UpstreamError
+from web_tools.ssrf import BlockedAddress
 
 log = logging.getLogger("web_tools.fetch")
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 MAX_IMAGE_PIXELS = 40_000_000  # refuse decompression bombs before decoding
+UNREACHABLE = "could not fetch the {what}"
 EXTRACT_HINT = "/web_scrape needs trafilatura: pip install 'mia[web]' (or pip install trafilatura)"
 
 
@@ -79,11 +85,6 @@ async def fetch(
                     if name.lower() == "charset" and value:
                         charset = value.strip("\"' ")
                 return Fetched(str(resp.url), media.strip().lower(), charset, b"".join(chunks))
-        except httpx.TimeoutException:
-            raise UpstreamError(
-                504, "upstream_timeout", f"{what} {url} did not answer within {timeout_s}s",
-                retryable=True,
-            ) from None  # fmt: skip
         except httpx.UnsupportedProtocol as err:
             raise UpstreamError(
                 502, "upstream_error", f"{what} {url} redirected to a URL that is not http(s): {err}"
@@ -92,17 +93,23 @@ async def fetch(
             raise UpstreamError(
                 502, "upstream_error", f"{what} {url}: too many redirects"
             ) from None
-        except httpx.TransportError as err:
-            raise UpstreamError(
-                502, "upstream_error", f"cannot reach {url}: {type(err).__name__}: {err}",
-                retryable=True,
-            ) from None  # fmt: skip
         except httpx.HTTPError as err:
-            raise UpstreamError(
-                502, "upstream_error", f"{what} {url}: {type(err).__name__}: {err}"
-            ) from None
+            raise _unreachable(what, url, err) from None
 
     return await upstream.run("fetch", attempt)
+
+
+def _unreachable(what: str, url: str, err: httpx.HTTPError) -> UpstreamError:
+    """The one answer for a host that could not be reached, whatever the cause: distinct
+    messages (or status codes) would tell a closed port from an open one or a refused address
+    from a live one. A refused address is final; transport failures are retried."""
+    blocked = isinstance(err.__cause__, BlockedAddress)
+    retryable = isinstance(err, httpx.TransportError) and not blocked
+    log.info("%s %s %s: %s: %s", what, url, "refused" if blocked else "unreachable",
+             type(err).__name__, err)  # fmt: skip
+    return UpstreamError(
+        502, "upstream_error", UNREACHABLE.format(what=what), retryable=retryable, opaque=True
+    )
 
 
 def _too_large(what: str, url: str, max_bytes: int) -> UpstreamError:

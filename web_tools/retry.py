@@ -26,7 +26,9 @@ T = TypeVar("T")
 
 
 class UpstreamError(Exception):
-    """A failed upstream call, already mapped to the status and error code we answer with."""
+    """A failed upstream call, already mapped to the status and error code we answer with.
+    ``opaque``: the message is deliberately generic and is answered word for word (no attempt
+    count appended: it would tell a refused address, never retried, from a refused connection)."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class UpstreamError(Exception):
         *,
         retryable: bool = False,
         retry_after: float | None = None,
+        opaque: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -43,6 +46,7 @@ class UpstreamError(Exception):
         self.message = message
         self.retryable = retryable
         self.retry_after = retry_after
+        self.opaque = opaque
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -130,6 +134,8 @@ class Upstream:
                 log.info("%s attempt %d failed (%s); retrying in %.2fs", kind, n + 1, last, delay)
                 await self._sleep(delay)
         assert last is not None
+        if last.opaque:
+            raise UpstreamError(last.status, last.code, last.message, opaque=True)
         raise UpstreamError(
             last.status, last.code, f"{last.message} (after {policy.max_retries + 1} attempts)"
         )

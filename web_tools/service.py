@@ -32,6 +32,7 @@ from web_tools.fetch import encode_image, extract_markdown, fetch, is_html
 from web_tools.ratelimit import TokenBucket
 from web_tools.retry import RetryPolicy, Upstream, UpstreamError
 from web_tools.serper import Locale, SerperClient, detect_locale, parse_images, parse_response
+from web_tools.ssrf import guarded_client
 
 log = logging.getLogger("web_tools")
 
@@ -78,7 +79,8 @@ class SearchService:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self._http: httpx.AsyncClient | None = None
+        self._http: httpx.AsyncClient | None = None  # Serper: the operator's URL
+        self._fetch_http: httpx.AsyncClient | None = None  # pages and images: callers' URLs
         self._serper: SerperClient | None = None
         self._ddgs: DdgsEngine | None = None
         retry = RetryPolicy(
@@ -115,6 +117,18 @@ class SearchService:
                 limiter, cfg.max_concurrency, retry, sleep=self.sleep, on_call=self._count_call
             )
         return self._http
+
+    def _fetch_client(self) -> httpx.AsyncClient:
+        # A client of its own: callers choose these URLs, so only public addresses (and the
+        # operator's fetch_allow_hosts) may be reached; Serper's client is not restricted.
+        if self._fetch_http is None:
+            cfg = self.config
+            self._fetch_http = guarded_client(
+                cfg.fetch_allow_hosts,
+                max_connections=cfg.max_concurrency,
+                user_agent=cfg.user_agent,
+            )
+        return self._fetch_http
 
     def _up(self) -> Upstream:
         self._client()
@@ -153,6 +167,9 @@ class SearchService:
             raise UpstreamError(503, "unavailable", MISSING_KEY_MESSAGE)
 
     async def aclose(self) -> None:
+        if self._fetch_http is not None:
+            await self._fetch_http.aclose()
+            self._fetch_http = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -328,7 +345,7 @@ class SearchService:
         cfg = self.config
         try:
             got = await fetch(
-                self._client(),
+                self._fetch_client(),
                 self._up(),
                 url,
                 max_bytes=cfg.image_max_bytes,
@@ -375,7 +392,11 @@ class SearchService:
     async def _fetch_page(self, url: str) -> dict[str, Any]:
         cfg = self.config
         got = await fetch(
-            self._client(), self._up(), url, max_bytes=cfg.scrape_max_bytes, timeout_s=cfg.timeout_s
+            self._fetch_client(),
+            self._up(),
+            url,
+            max_bytes=cfg.scrape_max_bytes,
+            timeout_s=cfg.timeout_s,
         )
         if not is_html(got):
             what = got.content_type or "undeclared content that does not look like HTML"

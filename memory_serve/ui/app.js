@@ -64,8 +64,13 @@ function numCell(x, digits = 4) {
   return el("td", { class: "num", dataset: { value: String(x) } }, fmt(x, digits));
 }
 
+// A stored time Date cannot hold (NaN, 1e308 from a crafted backup) shows as "–" instead of
+// throwing and leaving the whole table empty.
 function when(epoch) {
-  return new Date(epoch * 1000).toISOString().replace("T", " ").slice(0, 19);
+  const date = new Date(typeof epoch === "number" ? epoch * 1000 : NaN);
+  const year = date.getUTCFullYear();
+  if (!(year >= 0 && year <= 9999)) return "–";
+  return date.toISOString().replace("T", " ").slice(0, 19);
 }
 
 function clip(text, n) {

@@ -9,7 +9,10 @@ failure ends in one clear :class:`LLMError` naming the endpoint:
 
 The SDK's raw-response mode is used so we parse the body ourselves: vLLM's extra fields
 (``token_ids``, ``reasoning_content``) survive and a malformed body becomes a clear error rather
-than a half-validated object.
+than a half-validated object. A body nested deeper than Python's parser can follow, or a kept part
+(``tool_calls``, reasoning) nested over :data:`MAX_REPLY_DEPTH`, is such a malformed body. Lone
+UTF-16 surrogates (a ``"\\ud800"`` escape) in any text of the reply, error details included, become
+U+FFFD, so no caller meets a string that cannot be encoded as UTF-8.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ log = logging.getLogger("mia.llm.openai")
 
 # vLLM with return_tokens_as_token_ids=True spells each logprob token as "token_id:123".
 _TOKEN_ID_RE = re.compile(r"^token_id:(-?\d+)$")
+# A str holds a surrogate code point only where the JSON escaped a lone one (pairs decode whole).
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Levels of nesting allowed in the reply parts we keep: a chat completion's tool_calls nest about
+# four deep (their arguments are a JSON string); deeper is garbage that could exhaust recursion
+# wherever callers walk it (JSON encoding, repr, validation).
+MAX_REPLY_DEPTH = 32
 
 
 class _GarbageReply(Exception):
@@ -224,6 +233,8 @@ class OpenAIChat:
             data = json.loads(body)
         except ValueError:
             raise _GarbageReply(f"body is not JSON: {body[:200]!r}") from None
+        except RecursionError:
+            raise _GarbageReply("body is JSON nested too deep to parse") from None
         if not isinstance(data, dict):
             raise _GarbageReply(f"body is not a JSON object: {body[:200]!r}")
         choices = data.get("choices")
@@ -235,12 +246,12 @@ class OpenAIChat:
             raise _GarbageReply(f"no message in choices[0]: {body[:200]!r}")
         content = message.get("content")
         if content is not None and not isinstance(content, str):
-            raise _GarbageReply(f"message content is not a string: {content!r:.200}")
-        raw_text = content or ""
+            raise _GarbageReply(f"message content is not a string: {_brief(content)}")
+        raw_text = scrub_surrogates(content or "")
         extra: dict[str, Any] = {}
         for key in ("reasoning_content", "reasoning", "tool_calls"):
             if message.get(key):
-                extra[key] = message[key]
+                extra[key] = _clean(message[key], key)
         text = raw_text
         if self.strip_think:
             text = _strip_think(raw_text)
@@ -250,7 +261,7 @@ class OpenAIChat:
         completion_tokens = usage.get("completion_tokens") or (len(token_ids) if token_ids else 0)
         return ChatResult(
             text=text,
-            finish_reason=str(choice.get("finish_reason") or "stop"),
+            finish_reason=_finish_reason(choice.get("finish_reason")),
             prompt_tokens=usage.get("prompt_tokens") or 0,
             completion_tokens=int(completion_tokens),
             token_ids=token_ids,
@@ -268,20 +279,56 @@ class OpenAIChat:
             await state.client.close()
 
 
+def scrub_surrogates(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate replaced by U+FFFD (valid Unicode throughout)."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _clean(value: Any, where: str, depth: int = 1) -> Any:
+    """A copy of a reply part with its strings (keys too) scrubbed of lone surrogates; a part
+    nested over :data:`MAX_REPLY_DEPTH` levels is a malformed reply."""
+    if isinstance(value, str):
+        return scrub_surrogates(value)
+    if not isinstance(value, dict | list):
+        return value
+    if depth > MAX_REPLY_DEPTH:
+        raise _GarbageReply(f"{where} is nested over {MAX_REPLY_DEPTH} levels deep")
+    if isinstance(value, list):
+        return [_clean(item, where, depth + 1) for item in value]
+    return {
+        scrub_surrogates(k) if isinstance(k, str) else k: _clean(v, where, depth + 1)
+        for k, v in value.items()
+    }
+
+
+def _brief(value: Any) -> str:
+    """A short rendering of a reply value for error messages: containers are named, not printed
+    (printing a deeply nested one recurses); repr escapes lone surrogates."""
+    if isinstance(value, dict | list):
+        return "a JSON object" if isinstance(value, dict) else "a JSON array"
+    return repr(value)[:200]
+
+
+def _finish_reason(value: Any) -> str:
+    if isinstance(value, dict | list):
+        raise _GarbageReply(f"finish_reason is not a string: {_brief(value)}")
+    return scrub_surrogates(str(value or "stop"))
+
+
 def _usage(usage: Any) -> dict[str, int]:
     """Token counts of a reply's ``usage`` block (absent or null: none). Anything else that is
     not whole non-negative numbers is a broken reply, retried like any other garbage."""
     if usage is None:
         return {}
     if not isinstance(usage, dict):
-        raise _GarbageReply(f"usage is not an object: {usage!r:.200}")
+        raise _GarbageReply(f"usage is not an object: {_brief(usage)}")
     out = {}
     for key in ("prompt_tokens", "completion_tokens"):
         value = usage.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _GarbageReply(f"usage.{key} is not a number: {value!r:.100}")
+            raise _GarbageReply(f"usage.{key} is not a number: {_brief(value)}")
         if not (math.isfinite(value) and value >= 0 and value == int(value)):
             raise _GarbageReply(f"usage.{key} is not a token count: {value!r:.100}")
         out[key] = int(value)
@@ -304,7 +351,9 @@ def _token_info(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] |
             logprobs = None
         if token_ids is None:
             parsed = [
-                _TOKEN_ID_RE.match(str(item.get("token", ""))) if isinstance(item, dict) else None
+                _TOKEN_ID_RE.match(item["token"])
+                if isinstance(item, dict) and isinstance(item.get("token"), str)
+                else None
                 for item in content
             ]
             if all(parsed):
@@ -313,12 +362,17 @@ def _token_info(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] |
 
 
 def _error_detail(err: openai.APIStatusError) -> str:
+    """The server's error message (its ``error.message``, else the start of the body)."""
     body = err.body
     if isinstance(body, dict):
         inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:300]
-        return json.dumps(body)[:300]
+        message = inner.get("message") if isinstance(inner, dict) else None
+        if isinstance(message, str) and message:
+            return scrub_surrogates(message[:300])
+        try:
+            return json.dumps(body)[:300]  # ASCII: surrogates stay escaped
+        except RecursionError:
+            pass
     try:
         return err.response.text[:300] or err.message
     except Exception:  # the body may be unreadable (streamed/closed)

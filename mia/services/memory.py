@@ -14,13 +14,14 @@ Where an answer carries a reference field name, it has the reference's type and 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from mia.services.base import ServiceClient
+from mia.services.base import RequestFailed, ServiceClient
 
 Modality = Literal["text-only", "text-image"]
 Category = Literal[
@@ -42,6 +43,37 @@ MAX_TOP_K = 100
 
 MODALITIES: tuple[str, ...] = Modality.__args__  # type: ignore[attr-defined]
 CATEGORIES: tuple[str, ...] = Category.__args__  # type: ignore[attr-defined]
+# Bounds on the JSON a memory keeps (``extra``, a rollout's ``messages``): serialisers give up
+# near 256 levels, and the store and its backups hold the same bounds.
+MAX_JSON_DEPTH = 32
+MAX_EXTRA_CHARS = 1_000_000  # ``extra`` as JSON text
+
+
+def check_depth(value: Any, name: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """ValueError when ``value`` nests deeper than ``limit`` (a scalar is 0, ``{"a": 1}`` 1)."""
+    stack = [(value, 1)]
+    while stack:  # iterative: a deep value must not exhaust Python's recursion limit here
+        item, level = stack.pop()
+        if not isinstance(item, dict | list | tuple):
+            continue
+        if level > limit:
+            raise ValueError(f"{name} is nested deeper than {limit} levels")
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, level + 1) for child in children)
+
+
+def extra_json(extra: Any, name: str = "extra", depth: int = MAX_JSON_DEPTH) -> str:
+    """``extra`` as stored: a JSON object, bounded in depth and size (ValueError otherwise)."""
+    if not isinstance(extra, dict):
+        raise ValueError(f"{name} must be a JSON object, got {type(extra).__name__}")
+    check_depth(extra, name, depth)
+    try:
+        text = json.dumps(extra, ensure_ascii=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} is not JSON: {err}") from None
+    if len(text) > MAX_EXTRA_CHARS:
+        raise ValueError(f"{name} is {len(text)} characters of JSON, at most {MAX_EXTRA_CHARS}")
+    return text
 
 
 def _aliases(*names: str) -> Any:
@@ -227,6 +259,21 @@ class _TrajectoryFields(_Request):
             raise ValueError("judgement must be 'correct'/'incorrect' or a boolean")
         return v
 
+    @field_validator("extra", "judgement_data", mode="before")
+    @classmethod
+    def _bounded_extra(cls, v: Any, info: ValidationInfo) -> Any:
+        # Both end up in the memory's extra, judgement_data one level down.
+        if isinstance(v, dict):
+            nested = info.field_name == "judgement_data"
+            extra_json(v, str(info.field_name), MAX_JSON_DEPTH - nested)
+        return v
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _bounded_messages(cls, v: Any) -> Any:
+        check_depth(v, "messages")  # a rollout keeps them
+        return v
+
 
 class TrajectoryItem(_TrajectoryFields):
     """A finished trajectory for ``/memories`` (``/batch_memory_save``)."""
@@ -319,6 +366,17 @@ class MemoryDetail(BaseModel):
     uses: int  # all recorded uses (``history`` holds the latest)
     history: list[MemoryUse]
 
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _showable(cls, v: Any) -> Any:
+        # A store written before extra was bounded may hold one no serialiser can write out:
+        # the memory is still shown, with a note instead of that extra.
+        try:
+            check_depth(v, "extra")
+        except ValueError as err:
+            return {"error": f"{err}; not shown"}
+        return v
+
 
 class RunInfo(BaseModel):
     id: str  # the run file's path under the runs folder
@@ -374,7 +432,7 @@ class TaskInfo(BaseModel):
     plan: str
     memory_ids: list[int]
     turns: int
-    status: str  # open | recording | recorded
+    status: str  # open | failed (the last upstream exchange failed) | recording | recorded
     result: WriteOutcome | None
     created_at: float
 
@@ -602,7 +660,8 @@ class MemoryClient(ServiceClient):
         data_id: str | None = None,
         image_caption: str | Sequence[str] | None = None,
     ) -> str:
-        """The supplementary plan of Executor training (the answer was judged wrong)."""
+        """The supplementary plan of Executor training (the answer was judged wrong); "" when
+        the Planner wrote none (the route's 502 ``llm_empty``): the episode goes on without."""
         body: dict[str, Any] = {
             "question": question,
             "plan": plan,
@@ -612,7 +671,12 @@ class MemoryClient(ServiceClient):
         }
         if image_caption:
             body["image_caption"] = _caption(image_caption)
-        out = await self.post("/replan_train", body)
+        try:
+            out = await self.post("/replan_train", body)
+        except RequestFailed as err:
+            if err.code == "llm_empty":
+                return ""
+            raise
         return str(out.get("content", ""))
 
     def bank_save_sync(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
