@@ -261,7 +261,7 @@ def test_stalled_bodies_and_heads_are_closed(tmp_path: Path) -> None:
         server = ServerThread(app)
         with server as url:
             host = url.split("//")[1]
-            stalled_bodies = [_connect(url) for _ in range(20)]
+            stalled_bodies = [_connect(url) for _ in range(200)]  # the repro: 200 connections
             for sock in stalled_bodies:
                 sock.sendall(
                     f"POST /memories HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
