@@ -159,7 +159,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
 
 def _plan_body(text: str) -> list[str]:
     """The steps of a plan as the Planner flow hands it on (its <think> block dropped)."""
-    from mia.prompts.planner import text_after_think
+    from mia.llm.think import text_after_think
 
     return [line.strip() for line in text_after_think(text).splitlines() if line.strip()]
 

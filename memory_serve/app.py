@@ -9,10 +9,11 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import Body, FastAPI, Path, Query
 
+from memory_serve.concurrency import gather_all
 from memory_serve.inspector import PAGES, add_inspector
 from memory_serve.proxy import add_proxy
 from memory_serve.runs import find_runs, load_run
-from memory_serve.service import MemoryService, gather_all
+from memory_serve.service import MemoryService
 from memory_serve.store import SORTS
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.paths import mia_home
@@ -77,7 +78,7 @@ def build_app(
         @app.post("/plan", response_model=list[S.PlanResponse] | S.PlanResponse, tags=["planner"])
         async def plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
             """Retrieve memories and write a plan (the manager LLM plans on a cold start)."""
-            return await _each(body, service.plan, llm_cap)
+            return await _each(body, service.planning.plan, llm_cap)
 
         @app.post(
             "/best_plan",
@@ -86,7 +87,7 @@ def build_app(
         )
         async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
             """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
-            return await _each(body, service.best_plan, llm_cap)
+            return await _each(body, service.planning.best_plan, llm_cap)
 
         @app.post(
             "/judge_replan",
@@ -96,7 +97,7 @@ def build_app(
         async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
             """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
             decision, messages, planner}``."""
-            return await _each(body, service.judge_replan, llm_cap)
+            return await _each(body, service.planning.judge_replan, llm_cap)
 
         @app.post(
             "/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse, tags=["planner"]
@@ -104,12 +105,12 @@ def build_app(
         async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
             """A supplementary plan (<= 200 words) continuing the planner conversation ->
             ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
-            return await _each(body, service.replan, llm_cap)
+            return await _each(body, service.planning.replan, llm_cap)
 
         @app.post("/replan_train", response_model=S.ReplanTrainResponse, tags=["planner"])
         async def replan_train(body: S.ReplanTrainRequest) -> Any:
             """Supplementary plan for Executor training (synthetic 6-message conversation)."""
-            return await service.replan_train(body)
+            return await service.planning.replan_train(body)
 
     async def save(body: list[S.TrajectoryItem] | S.TrajectoryItem) -> Any:
         """Compress and store finished trajectories (win-rate credit to the used memories)."""

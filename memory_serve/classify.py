@@ -11,8 +11,8 @@ from collections import OrderedDict
 from memory_serve.config import ClassifierConfig
 from memory_serve.llms import sampling
 from mia.llm.base import ChatBackend, LLMError
+from mia.llm.think import text_after_think
 from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY, classify_prompt
-from mia.prompts.planner import text_after_think
 
 log = logging.getLogger("memory_serve.classify")
 _WORD = re.compile(r"[a-z]+")

@@ -15,8 +15,8 @@ from typing import Any
 from memory_serve.config import CompressConfig
 from memory_serve.llms import sampling
 from mia.llm.base import ChatBackend, LLMError, SamplingParams
+from mia.llm.think import text_after_think
 from mia.prompts.manager import compress_prompt
-from mia.prompts.planner import text_after_think
 from mia.trace import format_trace, rule_summary, truncate_words
 
 

@@ -623,7 +623,7 @@ class Proxy:
         q = S.MemoryQuery(question=question)
         try:
             if mode == "plan" and self.service.planner is not None:
-                out = await self.service.plan(q)
+                out = await self.service.planning.plan(q)
                 return out.plan, PLAN_BLOCK.format(plan=out.plan), out.memory_ids, "planned"
             found = await self.service.memory(q)
             ids = found.positive_ids + found.negative_ids

@@ -11,6 +11,7 @@ from typing import Any
 
 from mia.caption import caption_text
 from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
+from mia.prompts.planner import memory_context
 from mia.services import memory as S
 from mia.services.memory import MAX_EXTRA_CHARS, MAX_JSON_DEPTH, check_depth, extra_json
 
@@ -213,6 +214,13 @@ class Retrieval:
     @property
     def negative_ids(self) -> list[int]:
         return [m.record.id for m in self.negatives]
+
+    def context(self) -> str:
+        """The memory block the Planner reads (docs/reference.md §4.4): successes, then
+        failures (:func:`mia.prompts.planner.memory_context`)."""
+        return memory_context(
+            [m.record for m in self.positives], [m.record for m in self.negatives]
+        )
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,18 @@ any write).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from memory_serve import ttrl
 from memory_serve.classify import Classifier
 from memory_serve.compress import Compressor
+from memory_serve.concurrency import bounded, gather_all
 from memory_serve.config import MemoryServeConfig
-from memory_serve.context import format_context, format_plan_pairs
 from memory_serve.llms import sampling
 from memory_serve.persist import (
     PersistPolicy,
@@ -29,9 +28,9 @@ from memory_serve.persist import (
     check_folder,
     check_target,
 )
+from memory_serve.planning import PlannerRoutes
 from memory_serve.records import (
     CORRECT,
-    TEXT_IMAGE,
     MemoryRecord,
     NewMemory,
     Retrieval,
@@ -55,15 +54,8 @@ from memory_serve.store import MemoryStore
 from mia.errors import MiaError
 from mia.http import ApiError
 from mia.llm.base import ChatBackend, ChatResult, LLMError, Message, SamplingParams
-from mia.planner.prompts import (
-    judge_messages,
-    parse_decision_strict,
-    plan_messages,
-    replan_messages,
-    replan_train_messages,
-)
-from mia.prompts.manager import choose_plan_prompt
-from mia.prompts.planner import text_after_think
+from mia.llm.think import text_after_think
+from mia.prompts.manager import choose_plan_prompt, plan_pairs_block
 from mia.services import memory as S
 
 log = logging.getLogger("memory_serve")
@@ -73,32 +65,6 @@ SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 JSON_SUFFIXES = (".json", ".jsonl")
 DIR_SQLITE, DIR_WORKFLOWS, DIR_PLANS = "memory.sqlite", "workflow_memory.jsonl", "plan_memory.jsonl"
 FEEDBACK_FIELDS = ("evaluator_1_feedback", "evaluator_2_feedback", "evaluator_3_feedback")
-
-
-async def gather_all(coros: Sequence[Awaitable[T]]) -> list[T]:
-    """Await all, results in order; the first failure cancels the rest and is re-raised as is
-    (so an ApiError keeps its status instead of turning into an exception group)."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(_as_coro(c)) for c in coros]
-    except BaseExceptionGroup as group:
-        raise group.exceptions[0] from None
-    return [t.result() for t in tasks]
-
-
-async def _as_coro(aw: Awaitable[T]) -> T:
-    return await aw
-
-
-async def _bounded(limit: int, jobs: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-    """Run coroutine factories with at most ``limit`` in flight, results in order."""
-    sem = asyncio.Semaphore(limit)
-
-    async def one(job: Callable[[], Awaitable[T]]) -> T:
-        async with sem:
-            return await job()
-
-    return await gather_all([one(j) for j in jobs])
 
 
 def _non_empty(text: str) -> str | None:
@@ -180,6 +146,7 @@ class MemoryService:
         self.compressor = Compressor(cfg.compress, manager)
         self.classifier = Classifier(cfg.classifier, manager)
         self.persist = PersistPolicy.from_config(cfg.persist.allowed_root, cfg.ttrl.output_dir)
+        self.planning = PlannerRoutes(self)  # /plan, /best_plan, /judge_replan, /replan, ...
 
     # ------------------------------------------------------------------ helpers
 
@@ -295,7 +262,7 @@ class MemoryService:
                 positives=[_scored(i, m) for i, m in enumerate(r.positives, 1)],
                 negatives=[_scored(i, m) for i, m in enumerate(r.negatives, 1)],
             )
-        context = format_context(r)
+        context = r.context()
         return S.MemoryResponse(
             context=context,
             positive_ids=r.positive_ids,
@@ -307,126 +274,6 @@ class MemoryService:
             # Set only when asked: the route leaves unset fields out (the reference's payload).
             **({"explain": explain} if explain is not None else {}),
         )
-
-    async def plan(self, q: S.MemoryQuery) -> S.PlanResponse:
-        k = self._k(q)
-        r, modality = await self._retrieve(q, k)
-        context = format_context(r)
-        messages = plan_messages(context, q.question, image=modality == TEXT_IMAGE)
-        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
-        text, plan = await self._ask(backend, who, messages, "plan", _non_empty)
-        messages.append({"role": "assistant", "content": text})
-        return S.PlanResponse(
-            plan=plan,
-            messages=messages,
-            memory_ids=r.positive_ids + r.negative_ids,
-            positive_ids=r.positive_ids,
-            negative_ids=r.negative_ids,
-            pos_indices=r.positive_ids,
-            neg_indices=r.negative_ids,
-            context=context,
-            planner=who,  # type: ignore[arg-type]
-        )
-
-    async def best_plan(self, q: S.MemoryQuery) -> S.BestPlanResponse:
-        """Sample several plans (T=1 by default), let the manager LLM pick one (§3.1)."""
-        p = self.cfg.planner
-        k = self._k(q)
-        r, modality = await self._retrieve(q, k)
-        context = format_context(r)
-        messages = plan_messages(context, q.question, image=modality == TEXT_IMAGE)
-        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
-        if backend is None:
-            raise ApiError(503, "no LLM configured for this route", "llm_unavailable")
-        params = sampling(backend, temperature=p.best_plan_temperature, max_tokens=p.max_tokens)
-        params = dataclasses.replace(params or SamplingParams(), seed=None)
-
-        async def one() -> tuple[str, str]:
-            for _ in range(1 + p.empty_retries):
-                text = (await self._chat(backend, messages, params)).text
-                plan = _non_empty(text)
-                if plan is not None:
-                    return text, plan
-            raise ApiError(502, f"the {who} LLM gave no plan", "llm_empty")
-
-        drafts = await gather_all([one() for _ in range(p.best_plan_samples)])
-        plans = [plan for _, plan in drafts]
-        prompt = choose_plan_prompt(q.question, context, plans)
-        _, pick = await self._ask(
-            self.manager,
-            "manager",
-            [{"role": "user", "content": prompt}],
-            f"plan number (1 to {len(plans)})",
-            lambda text: ttrl.parse_choice(text, len(plans)),
-        )
-        messages.append({"role": "assistant", "content": drafts[pick][0]})
-        return S.BestPlanResponse(
-            plan=plans[pick],
-            messages=messages,
-            memory_ids=r.positive_ids + r.negative_ids,
-            positive_ids=r.positive_ids,
-            negative_ids=r.negative_ids,
-            pos_indices=r.positive_ids,
-            neg_indices=r.negative_ids,
-            context=context,
-            planner=who,  # type: ignore[arg-type]
-            selected_plan_number=str(pick + 1),
-            all_plans=plans,
-        )
-
-    async def judge_replan(self, req: S.JudgeReplanRequest) -> S.JudgeReplanResponse:
-        messages = judge_messages(S.dump_messages(req.past_messages), req.workflow)
-        # As /plan: a question planned on a cold start is also judged by the manager.
-        cold = len(req.memory_ids) < 2 * self.cfg.store.retrieval.top_k
-        backend, who = self._pick(cold)
-        text, need = await self._ask(
-            backend, who, messages, "yes/no decision", parse_decision_strict
-        )
-        messages.append({"role": "assistant", "content": text})
-        return S.JudgeReplanResponse(
-            need_replan="yes" if need else "no",
-            replan_needed=need,
-            decision="yes" if need else "no",
-            messages=messages,
-            planner=who,  # type: ignore[arg-type]
-        )
-
-    async def replan(self, req: S.ReplanRequest) -> S.ReplanResponse:
-        # The reference's rule (docs/reference.md §3.1): retrieve ``top_k + pass_num`` of each
-        # side from the top, and plan with the manager LLM when either side has fewer. Its
-        # driver sends mem_top_k=0, pass_num=2: two of each, so a young store is a cold start.
-        k = self._k(req, self.cfg.planner.replan_top_k)
-        n = k + req.pass_num
-        r, _ = await self._retrieve(req.model_copy(update={"pass_num": 0}), n)
-        memory = None
-        if self.cfg.planner.replan_include_memory:  # positions [pass_num, pass_num + k)
-            skip = req.pass_num
-            memory = format_context(
-                Retrieval(r.positives[skip : skip + k], r.negatives[skip : skip + k])
-            )
-        messages = replan_messages(S.dump_messages(req.past_messages), req.question, memory)
-        backend, who = self._pick(len(r.positives) < n or len(r.negatives) < n)
-        text, replan = await self._ask(backend, who, messages, "revised plan", _non_empty)
-        messages.append({"role": "assistant", "content": text})
-        return S.ReplanResponse(
-            replan=replan,
-            messages=messages,
-            planner=who,  # type: ignore[arg-type]
-            pos_indices=[],
-            neg_indices=[],
-            memory_ids=r.positive_ids + r.negative_ids,
-        )
-
-    async def replan_train(self, req: S.ReplanTrainRequest) -> S.ReplanTrainResponse:
-        variant = self.cfg.planner.replan_train_variant
-        caption = normalise_caption(req.image_caption)
-        image = variant == "image" or (variant == "auto" and bool(caption))
-        messages = replan_train_messages(
-            req.question, req.plan, req.trace, req.mem_context1, image=image
-        )
-        # An empty completion is an upstream fault (502 llm_empty), as on /replan, never "".
-        _, content = await self._ask(self.planner, "planner", messages, "revised plan", _non_empty)
-        return S.ReplanTrainResponse(content=content)
 
     # ------------------------------------------------------------------ writes
 
@@ -466,7 +313,7 @@ class MemoryService:
 
             return run
 
-        return await _bounded(self.cfg.compress.concurrency, [job(*j) for j in jobs])
+        return await bounded(self.cfg.compress.concurrency, [job(*j) for j in jobs])
 
     async def _write(self, mems: list[NewMemory]) -> list[WriteResult]:
         def work() -> list[WriteResult]:
@@ -671,7 +518,7 @@ class MemoryService:
             self.store.retrieve_plan_pairs, first.question, first.image_caption, category=category
         )
         prompt = choose_plan_prompt(
-            first.question, format_plan_pairs([p for p, _ in pairs]), [r.plan for r in group]
+            first.question, plan_pairs_block([p for p, _ in pairs]), [r.plan for r in group]
         )
         assert self.manager is not None
         params = sampling(self.manager, temperature=0.0, max_tokens=self.cfg.ttrl.choice_max_tokens)
@@ -700,7 +547,7 @@ class MemoryService:
         picks: dict[str, list[int]] = {}
         for rule in rules:
             if rule == "choice":
-                choices = await _bounded(
+                choices = await bounded(
                     self.cfg.ttrl.concurrency, [lambda g=g: self._choose(g) for g in groups]
                 )
                 fallbacks = sum(1 for c in choices if c is None)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memory_serve.records import CORRECT, Rollout
-from mia.prompts.planner import text_after_think
+from mia.llm.think import text_after_think
 
 _STEP = re.compile(r"^\s*(?:step\s*)?\d+\s*[.):]", re.IGNORECASE | re.MULTILINE)
 _INT = re.compile(r"\d+")

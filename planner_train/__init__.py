@@ -3,6 +3,6 @@
 The engine (:class:`mia.rl.trainer.Trainer`) configured with
 :class:`~mia.planner.episode.PlannerEpisode` (plan -> serve ``/execute`` -> reflect yes/no ->
 optional replan -> serve ``/continue``; every planner generation trained, injected turns masked)
-and :class:`~mia.planner.reward.PlannerReward` (``0.7*acc2 + 0.2*acc1 + 0.05*format +
+and :class:`~mia.rewards.planner.PlannerReward` (``0.7*acc2 + 0.2*acc1 + 0.05*format +
 0.05*decision``). TTRL and the streaming server reuse the same episode.
 """

@@ -2,7 +2,7 @@
 
 The trained Executor is frozen behind the serve service; every rollout plans, lets the Executor
 run the plan, reflects (yes/no) and may replan once (:mod:`mia.planner.episode`); the reward
-is docs/reference.md §7.2 (:mod:`mia.planner.reward`).
+is docs/reference.md §7.2 (:mod:`mia.rewards.planner`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from mia.errors import MiaError
 from mia.planner.episode import PlannerEpisode
-from mia.planner.reward import PlannerReward
+from mia.rewards.planner import PlannerReward
 from mia.roles.common import (
     build_judge,
     clients,

@@ -30,8 +30,8 @@ from mia.data.formats import QAItem, write_parquet_qa
 from mia.errors import MiaError
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
-from mia.planner.prompts import replan_train_messages
 from mia.prompts import planner as PP
+from mia.prompts.planner import replan_train_messages
 from mia.rl.trainer import Trainer
 from mia.roles.samples import load_samples
 

@@ -14,7 +14,6 @@ import pytest
 
 from local_search import build_index, open_index
 from local_search.server import create_search_app
-from memory_serve.context import format_context
 from memory_serve.records import Retrieval
 from mia.agent import AgentConfig, ChatPolicy, ExecutorLoop, build_tools, check_format
 from mia.agent.tools import QUERY_SEPARATOR, format_passages
@@ -37,8 +36,8 @@ from mia.errors import MiaError
 from mia.http import ServerThread
 from mia.judge.rules import RuleJudge
 from mia.llm.scripted import ScriptedChat
-from mia.planner.prompts import plan_messages
 from mia.prompts import planner as PP
+from mia.prompts.planner import plan_messages
 from mia.trace import content_text, format_trace
 
 TYPES = ("single_hop", "bridge", "comparison", "image")
@@ -273,7 +272,7 @@ def test_image_identifies_the_picture_then_searches(built) -> None:
 
 def test_planner_chat_matches_memory_serve_and_plan_rules(built) -> None:
     world, _, report = built
-    context = format_context(Retrieval(positives=(), negatives=()))
+    context = Retrieval(positives=(), negatives=()).context()
     for ex in report.examples:
         q = next(q for q in world.questions if q.id == ex.id)
         expected = plan_messages(context, q.question, image=q.type == "image")

@@ -13,7 +13,6 @@ import pytest
 
 from memory_serve.app import build_app
 from memory_serve.config import load_config
-from memory_serve.context import format_context
 from memory_serve.records import NewMemory
 from memory_serve.service import MemoryService
 from memory_serve.store import MemoryStore
@@ -21,9 +20,9 @@ from memory_serve.ttrl import seeded_rng
 from mia.embedding import shared_embedder
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
-from mia.planner.prompts import plan_messages
 from mia.prompts import planner as PP
 from mia.prompts.manager import choose_plan_prompt, compress_prompt
+from mia.prompts.planner import plan_messages
 from mia.trace import format_trace
 
 EXEC_MESSAGES = [
@@ -662,7 +661,7 @@ def test_identity_compression_without_llm(tmp_path: Path, mode: str) -> None:
         r = client.post("/plan", json={"question": "Where?"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
         ctx = client.post("/memory", json={"question": "Where?"}).json()["context"]
-        assert ctx == format_context(svc.store.retrieve("Where?"))
+        assert ctx == svc.store.retrieve("Where?").context()
 
 
 def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
@@ -837,3 +836,55 @@ def test_rules_compression_needs_no_llm(tmp_path: Path) -> None:
         want = rule_summary("Where is the Eiffel Tower?", EXEC_MESSAGES)
         assert want.startswith("1. ") and want in found["context"]
         assert client.get("/stats").json()["compress_mode"] == "rules"
+
+
+def test_plan_if_gates_the_plan_on_one_retrieval(tmp_path: Path, monkeypatch) -> None:
+    """``plan_if``: no plan (and no LLM call) unless memory holds a failure / anything; the
+    evaluation gate (RemotePlanner's require_failure) is one request and one retrieval."""
+    import asyncio
+
+    from mia.planner.flow import PlannerRun, Task
+    from mia.planner.planners import RemotePlanner
+    from mia.services import MemoryClient
+
+    planner = ScriptedChat(lambda _m: "1. Search the city (question -> city)")
+    overrides = ("compress.mode=identity", "planner.cold_start=false")
+    with running(tmp_path, planner, planner, overrides=overrides) as (client, svc):
+        retrievals = []
+        real = svc.store.retrieve
+        monkeypatch.setattr(
+            svc.store, "retrieve", lambda *a, **k: retrievals.append(1) or real(*a, **k)
+        )
+        for plan_if in ("failure", "memory"):
+            r = client.post("/plan", json={"question": "Where is the tower?", "plan_if": plan_if})
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert (got["plan"], got["planner"], got["messages"]) == ("", "none", [])
+        assert planner.calls == [] and len(retrievals) == 2
+        client.post("/memories", json=item("Where is the old tower?", "correct"))
+        assert (
+            client.post(
+                "/plan", json={"question": "Where is the tower?", "plan_if": "failure"}
+            ).json()["planner"]
+            == "none"
+        )
+        assert (
+            client.post(
+                "/plan", json={"question": "Where is the tower?", "plan_if": "memory"}
+            ).json()["planner"]
+            == "planner"
+        )
+        client.post("/memories", json=item("Where is the new tower?", "incorrect"))
+        retrievals.clear()
+
+        async def gated() -> PlannerRun:
+            memory = MemoryClient(str(client.base_url))
+            try:
+                run = PlannerRun(task=Task(question="Where is the tower?"))
+                await RemotePlanner(memory, require_failure=True).plan(run)
+                return run
+            finally:
+                await memory.aclose()
+
+        run = asyncio.run(gated())
+        assert run.plan == "1. Search the city (question -> city)" and len(retrievals) == 1

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from memory_serve.config import MemoryServeConfig, StoreConfig, load_config
-from memory_serve.context import format_context
 from memory_serve.records import NewMemory, Rollout
 from memory_serve.refjson import (
     export_plan_pairs,
@@ -192,7 +191,7 @@ def test_single_entry_bucket_and_context_text(tmp_path: Path, embedder) -> None:
     # No absolute threshold: a one-entry bucket always returns its entry (normalised sim 0).
     assert got.positive_ids == [1] and got.negative_ids == []
     assert got.positives[0].normalised == 0.0 and got.positives[0].score == pytest.approx(0.3)
-    assert format_context(got) == (
+    assert got.context() == (
         "# Retrieved Relevant Memories\n\n"
         "## Positive Examples (Successful Strategies - 1)\n"
         "[Example 1]\n"

@@ -9,8 +9,8 @@ import pytest
 from mia.apps.planner_gold import planner_memory_examples
 from mia.data.world import World
 from mia.data.world_questions import HELD_OUT_TEMPLATES
-from mia.planner.prompts import EMPTY_MEMORY
 from mia.prompts import manager as M
+from mia.prompts.planner import EMPTY_MEMORY
 
 
 @pytest.fixture(scope="module")

@@ -410,7 +410,7 @@ def _warm_start(out: Path, questions: list[str]) -> Path:
 
     from mia.agent import TokenPolicy
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
-    from mia.planner.prompts import EMPTY_MEMORY, plan_messages
+    from mia.prompts.planner import EMPTY_MEMORY, plan_messages
     from mia.rl.episode import collate
     from mia.rl.policy import PolicyModel
 

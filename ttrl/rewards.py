@@ -1,7 +1,7 @@
 """How a TTRL rollout is judged, by mode:
 
 - ``supervised``: the Planner reward (docs/reference.md §7.2) against the ground truth with the
-  configured judge (:class:`mia.planner.reward.PlannerReward`);
+  configured judge (:class:`mia.rewards.planner.PlannerReward`);
 - ``nogt`` + ``panel``: ``0.9*panel_verdict + 0.1*format`` (§7.3), the review panel reads the
   question, the Executor's trace and its final answer (:class:`PanelReward`);
 - ``nogt`` + ``vote``: ``0.9*agrees_with_majority + 0.1*format`` -- majority vote over the final

@@ -33,8 +33,8 @@ from typing import Any
 
 from mia.errors import MiaError
 from mia.planner.episode import ExecutorAloneEpisode, PlannerEpisode
-from mia.planner.reward import PlannerReward
 from mia.rewards.grading import grade
+from mia.rewards.planner import PlannerReward
 from mia.rl.trainer import Trainer
 from mia.roles.common import (
     build_judge,

@@ -61,7 +61,7 @@ from mia.http import (
     server_limits,
 )
 from mia.planner.episode import PlannerEpisode
-from mia.planner.reward import PlannerReward, RemoteReward
+from mia.rewards.planner import PlannerReward, RemoteReward
 from mia.rl.trainer import RolloutResult, Trainer, group_results
 from mia.roles.common import (
     build_judge,

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 from mia.data.world_questions import BRIDGES, QUESTION_TYPES, Facts, contains
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
-from mia.planner.prompts import EMPTY_MEMORY, plan_messages
 from mia.prompts import planner as PP
+from mia.prompts.planner import EMPTY_MEMORY, plan_messages
 from mia.trace import content_text
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ train question also gets a plan prompt whose memory block holds what memory_serv
 after a few similar questions: positive workflows (similar questions answered correctly) and
 negative ones (answered wrongly), as ``compress.mode=rules`` writes them
 (:func:`mia.trace.rule_summary` of real replayed transcripts) and laid out exactly as
-memory_serve lays them out (:func:`mia.planner.prompts.memory_context`). The target is the gold
+memory_serve lays them out (:func:`mia.prompts.planner.memory_context`). The target is the gold
 plan that follows the positives and avoids what the negatives did.
 
 What makes it a skill rather than knowledge: for a **convention** question ("Where is X from?",
@@ -33,7 +33,7 @@ from typing import Any
 from mia.apps.gold import GoldExample, GoldSkip, GoldWriter, fact_phrase, generate_gold
 from mia.data.world import World
 from mia.data.world_questions import CONVENTIONS, Facts, Question
-from mia.planner.prompts import memory_context, plan_messages
+from mia.prompts.planner import memory_context, plan_messages
 from mia.trace import answer_evidence, rule_summary
 
 TYPES = ("single_hop", "bridge", "comparison", "convention")
@@ -51,7 +51,7 @@ EXPECTED_RATE = 0.75
 
 @dataclass
 class Memory:
-    """One retrieved memory, as the Planner sees it (:class:`mia.planner.prompts.MemoryView`)."""
+    """One retrieved memory, as the Planner sees it (:class:`mia.prompts.planner.MemoryView`)."""
 
     question: str
     workflow_summary: str

@@ -55,9 +55,9 @@ from mia.baselines import BASELINES, BaselineMemory, Finished
 from mia.data.formats import QAItem
 from mia.judge import Judge, JudgeError
 from mia.llm.base import LLMError
-from mia.planner import prompts as PP
 from mia.planner.flow import FlowConfig, Planner, PlannerFlow, PlannerRun, Task
 from mia.planner.planners import ConversationPlanner, GuidePlanner, NoPlanner, RemotePlanner
+from mia.prompts import planner as PP
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
 from mia.trace import content_text, expected_extra, format_trace
 

@@ -20,3 +20,14 @@ def strip_think(text: str) -> str:
     if open_ != -1:
         text = text[:open_]
     return text.strip()
+
+
+_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+
+
+def text_after_think(text: str) -> str:
+    """The answer part of a reply: after the last ``</think>``, chat end tokens removed
+    (``""`` when the reply stops inside an unclosed ``<think>``)."""
+    for tok in _END_TOKENS:
+        text = text.replace(tok, "")
+    return strip_think(text)

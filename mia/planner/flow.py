@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from mia.errors import MiaError
 from mia.judge.panel import truncate_middle
-from mia.prompts.planner import text_after_think
+from mia.llm.think import text_after_think
 from mia.rewards.planner import PlannerEpisodeRecord
 from mia.trace import format_trace
 

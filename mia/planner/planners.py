@@ -3,9 +3,9 @@
 - :class:`ConversationPlanner` — the Planner as ONE conversation (plan, then the reflection turn,
   then the replan turn) over an agent policy: :class:`mia.agent.TokenPolicy` (token-exact, the
   trainable policy of Planner GRPO and TTRL) or :class:`mia.agent.ChatPolicy` (any chat
-  backend: memory_serve's routes, in-process runs).
-- :class:`RemotePlanner` — memory_serve's ``/plan``, ``/judge_replan`` and ``/replan`` (which run
-  a :class:`ConversationPlanner` server-side): evaluation's ``plan_only`` and ``mia`` modes.
+  backend: memory_serve's planner routes, each one step of it; in-process runs).
+- :class:`RemotePlanner` — memory_serve's ``/plan``, ``/judge_replan`` and ``/replan`` (each
+  one :class:`ConversationPlanner` step server-side): evaluation's ``plan_only`` and ``mia``.
 - :class:`NoPlanner` — no plan, no reflection (``none``).
 - :class:`GuidePlanner` — the retrieved memory context itself is the guide (``rag``).
 """
@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -21,8 +21,8 @@ from mia.agent import Trajectory
 from mia.embedding import question_names
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
-from mia.planner import prompts as PP
 from mia.planner.flow import PlannerRun
+from mia.prompts import planner as PP
 from mia.services import MemoryClient, RequestFailed
 
 # Segment kinds of the Planner's injected turns (token view).
@@ -98,12 +98,30 @@ async def retrieve(
     return str(out.get("context", "")), ids
 
 
+class EmptyReply(MiaError):
+    """The Planner gave nothing usable for a step (empty, only ``<think>``, no yes/no) in
+    ``attempts`` tries; ``text`` is its last reply."""
+
+    def __init__(self, what: str, attempts: int, text: str) -> None:
+        super().__init__(f"no {what} in {attempts} attempt(s) (reply {text[:200]!r})")
+        self.what = what
+        self.attempts = attempts
+        self.text = text
+
+
+def _answer(text: str) -> str | None:
+    return PP.text_after_think(text) or None
+
+
 class ConversationPlanner:
     """The Planner's three turns in one conversation over an agent ``policy``.
 
     ``memory``: memory_serve, asked for a task's memories when the task brings none.
     ``sampling``: the turns' sampling parameters (each capped by its limit and by the room left
     in ``limits.max_context``).
+    ``empty_retries``: None takes every reply as it is (training: the reward judges it); a
+    number asks again that many times when a reply holds no plan or no yes/no, then raises
+    :class:`EmptyReply` (serving; chat policies only, whose retries leave no trace).
     """
 
     reflects = True
@@ -118,9 +136,13 @@ class ConversationPlanner:
         memory_top_k: int | None = None,
         image_variant: str = "auto",
         name: str = "planner",
+        empty_retries: int | None = None,
     ) -> None:
         if image_variant not in IMAGE_VARIANTS:
             raise MiaError(f"image_variant must be one of {IMAGE_VARIANTS}")
+        if empty_retries is not None and policy.token_exact:
+            raise MiaError("empty_retries needs a chat policy (a token trajectory keeps samples)")
+        self.empty_retries = empty_retries
         self.policy = policy
         self.sampling = sampling or policy.default_params()
         self.limits = (limits or TurnLimits()).validate()
@@ -136,15 +158,25 @@ class ConversationPlanner:
             budget = min(budget, int(self.policy.max_context))
         return budget - self.policy.context_tokens(traj)
 
-    async def _say(self, traj: Trajectory, cap: int) -> str | None:
-        """One Planner generation (mask 1); None when the context has no room left."""
+    async def _say(
+        self, traj: Trajectory, cap: int, what: str, read: Callable[[str], Any]
+    ) -> str | None:
+        """One Planner generation (mask 1); None when the context has no room left. With
+        ``empty_retries``, a reply that ``read`` finds nothing in is asked for again."""
         room = self._room(traj)
         if room < self.limits.min_generation_tokens:
             return None
         params = replace(self.sampling, max_tokens=max(1, min(cap, room)))
-        gen = await self.policy.generate(traj, params)
-        traj.messages.append({"role": "assistant", "content": gen.text})
-        return gen.text
+        attempts = 1 + (self.empty_retries or 0)
+        segments, context = len(traj.segments), traj.state.get("chat_context")
+        for _ in range(attempts):
+            gen = await self.policy.generate(traj, params)
+            if self.empty_retries is None or read(gen.text) is not None:
+                traj.messages.append({"role": "assistant", "content": gen.text})
+                return gen.text
+            del traj.segments[segments:]  # forget the empty reply (chat policy: no tokens)
+            traj.state["chat_context"] = context
+        raise EmptyReply(what, attempts, gen.text)
 
     def _inject(self, traj: Trajectory, message: dict[str, Any], kind: str) -> bool:
         """Append a user turn (mask 0) if it leaves room for an answer."""
@@ -170,7 +202,7 @@ class ConversationPlanner:
             run.memory_context, run.question, image=image_prompt(run, self.image_variant)
         )
         conv = await self.start(run, messages)
-        text = await self._say(conv, self.limits.plan_max_tokens)
+        text = await self._say(conv, self.limits.plan_max_tokens, "plan", _answer)
         if text is None:
             return False
         run.planner = self.name
@@ -181,7 +213,9 @@ class ConversationPlanner:
         conv = run.conversation
         if not self._inject(conv, PP.judge_turn(trace), JUDGE_TURN):
             return False
-        text = await self._say(conv, self.limits.decision_max_tokens)
+        text = await self._say(
+            conv, self.limits.decision_max_tokens, "yes/no decision", PP.parse_decision_strict
+        )
         if text is None:
             return False
         run.decision_raw, run.need_replan = text, PP.parse_decision(text)
@@ -191,7 +225,7 @@ class ConversationPlanner:
         conv = run.conversation
         if not self._inject(conv, PP.replan_turn(run.question, memory), REPLAN_TURN):
             return False
-        text = await self._say(conv, self.limits.replan_max_tokens)
+        text = await self._say(conv, self.limits.replan_max_tokens, "revised plan", _answer)
         if text is None:
             return False
         run.replan_raw, run.replan = text, PP.text_after_think(text)
@@ -202,11 +236,12 @@ class RemotePlanner:
     """The Planner behind memory_serve: ``/plan`` (memories retrieved there), ``/judge_replan``,
     ``/replan``. ``top_k``: memories per kind for the plan (0: none, the ``plan_only`` mode;
     None: the service's default); ``replan_top_k``: for the replan (0, as the reference).
-    ``require_memory``: ask ``/memory`` first and write no plan when it finds nothing (the
-    Executor then answers alone and nothing is reflected on, as in ``none``);
-    ``require_failure``: likewise when it finds no failed question (memories that show only
-    successes say the Executor answers such questions alone). ``drop_leaked``: a plan that
-    names a retrieved memory's entity the question lacks (:func:`leaked_entities`) is dropped:
+    ``require_memory``: no plan when memory holds nothing similar (the Executor then answers
+    alone and nothing is reflected on, as in ``none``); ``require_failure``: likewise when it
+    holds no failed similar question (memories that show only successes say the Executor
+    answers such questions alone); both are ``/plan``'s ``plan_if``, decided on the one
+    retrieval of that request. ``drop_leaked``: a plan that names a retrieved memory's entity
+    the question lacks (:func:`leaked_entities`) is dropped:
     the Executor answers alone, the plan is noted in ``run.planner_errors``."""
 
     reflects = True
@@ -247,21 +282,19 @@ class RemotePlanner:
 
     async def plan(self, run: PlannerRun) -> bool:
         t = run.task
-        if self.require_failure:
-            found = await self.memory.memory(
-                t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=self.top_k
-            )
-            if not found.get("negative_ids"):
-                return True  # no similar question failed: no plan
-        elif self.require_memory and not (await retrieve(self.memory, run, self.top_k))[1]:
-            return True  # nothing similar remembered: no plan
+        # One request: memory_serve retrieves once and writes no plan when the gate says so.
+        plan_if = "failure" if self.require_failure else "memory" if self.require_memory else None
         out = await self._step(
             run,
             self.memory.plan(
-                t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=self.top_k
+                t.question,
+                image_caption=t.image_caption,
+                data_id=t.data_id,
+                top_k=self.top_k,
+                plan_if=plan_if,
             ),
         )
-        if out is None:  # the Executor goes without a guide
+        if out is None or out.get("planner") == "none":  # the Executor goes without a guide
             return True
         run.plan, run.messages = str(out["plan"]), list(out["messages"])
         run.plan_raw = _last_reply(run.messages, run.plan)

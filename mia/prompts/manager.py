@@ -7,6 +7,9 @@ Templates use ``str.format`` fields; the filled-in values may contain braces saf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 # --- workflow compression (docs/reference.md §4.3 step 2) -------------------------------------------
 
 COMPRESS_PROMPT = (
@@ -87,6 +90,17 @@ PLAN_PAIR_BLOCK = (
     "{incorrect_plan}"
 )
 CANDIDATE_BLOCK = "### Plan {i}\n{plan}"
+
+
+def plan_pairs_block(pairs: Sequence[Any]) -> str:
+    """Remembered plan pairs (``question``, ``correct_plan``, ``incorrect_plan``) as the
+    examples of the plan-choice prompt."""
+    return "\n\n".join(
+        PLAN_PAIR_BLOCK.format(
+            i=i, question=p.question, correct_plan=p.correct_plan, incorrect_plan=p.incorrect_plan
+        )
+        for i, p in enumerate(pairs, start=1)
+    )
 
 
 def choose_plan_prompt(question: str, plan_memory: str, plans: list[str]) -> str:

@@ -1,16 +1,24 @@
-"""Planner prompts: plan, reflect (replan yes/no), replan.
+"""The Planner's text, once: its prompts (plan, reflect, replan), how retrieved memories are
+laid out for it, the conversations built from them, and how its replies are read.
 
-Shared by the memory service (``/plan``, ``/judge_replan``, ``/replan``, ``/replan_train``),
-planner GRPO training and TTRL, so the Planner sees the same text in training and serving.
-Templates use ``str.format`` fields; the filled-in values may contain braces safely.
-Wording follows the reference's prompts as summarised in docs/reference.md §5 (not copied verbatim).
+Everything that talks to the Planner builds its messages here -- memory_serve's routes, the
+Planner GRPO episode, TTRL, evaluation and the gold transcripts -- so it reads the same words in
+training and serving. Templates use ``str.format`` fields; the filled-in values may contain
+braces safely. Wording follows the reference's prompts as summarised in docs/reference.md §5
+(not copied verbatim).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from mia.llm.think import strip_think
+from mia.llm.think import text_after_think
+from mia.prompts import manager as M
+
+Message = dict[str, Any]
+FEEDBACK_KEYS = ("evaluator_1_feedback", "evaluator_2_feedback", "evaluator_3_feedback")
 
 PLANNER_SYSTEM_PROMPT = (
     "You are the Planner of a research team. An Executor agent answers questions by calling "
@@ -83,18 +91,8 @@ REPLAN_MEMORY_BLOCK = "{memory}\n\n"
 # is a canned "yes" (docs/reference.md §3.1; the reference misspelled the role as "assitant").
 REPLAN_TRAIN_DECISION = "<think>\nThe Executor's final answer is incorrect, so the plan must be revised.\n</think>\n\nyes"
 
-_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
-
-
-def text_after_think(text: str) -> str:
-    """The answer part of a reply: after the last ``</think>``, chat end tokens removed
-    (``""`` when the reply stops inside an unclosed ``<think>``)."""
-    for tok in _END_TOKENS:
-        text = text.replace(tok, "")
-    return strip_think(text)
-
-
 _YES = re.compile(r"\byes\b", re.IGNORECASE)
+_NO = re.compile(r"\bno\b", re.IGNORECASE)
 
 
 def parse_decision(text: str) -> bool:
@@ -114,3 +112,133 @@ def judge_prompt(trace: str) -> str:
 def replan_prompt(question: str, memory: str | None = None) -> str:
     block = REPLAN_MEMORY_BLOCK.format(memory=memory) if memory else ""
     return REPLAN_PROMPT.format(question=question, memory_block=block)
+
+
+class MemoryView(Protocol):
+    """What a retrieved memory shows the Planner (memory_serve's records have these fields)."""
+
+    modality: str
+    judgement: str
+    question: str
+    image_caption: str
+    workflow_summary: str
+    extra: Mapping[str, Any]
+
+
+# ----------------------------------------------------------------------------- memories
+
+
+def format_example(i: int, rec: MemoryView) -> str:
+    caption = M.CAPTION_LINE.format(caption=rec.image_caption) if rec.image_caption else ""
+    lines = M.EXAMPLE_LINES.format(
+        modality=rec.modality,
+        judgement=rec.judgement,
+        question=rec.question,
+        caption_line=caption,
+        workflow_summary=rec.workflow_summary,
+    )
+    # No-ground-truth runs store the review panel's feedback; the Planner sees it too.
+    feedback = [
+        M.FEEDBACK_LINE.format(i=n, feedback=rec.extra[key])
+        for n, key in enumerate(FEEDBACK_KEYS, start=1)
+        if rec.extra.get(key)
+    ]
+    # Failures written with the ground truth (memory.remember_expected): what was expected.
+    expected = []
+    if rec.extra.get("expected"):
+        expected.append(M.EXPECTED_LINE.format(answer=rec.extra["expected"]))
+        if rec.extra.get("evidence"):
+            expected.append(M.EVIDENCE_LINE.format(evidence=rec.extra["evidence"]))
+    body = "\n".join([lines, *feedback, *expected])
+    return f"{M.EXAMPLE_HEADER.format(i=i)}\n{body}"
+
+
+def _section(header: str, records: Sequence[MemoryView]) -> str:
+    if not records:
+        return f"{header.format(n=0)}\n{M.NONE_FOUND}"
+    blocks = [format_example(i, rec) for i, rec in enumerate(records, start=1)]
+    return header.format(n=len(records)) + "\n" + "\n\n".join(blocks)
+
+
+def memory_context(positives: Sequence[MemoryView], negatives: Sequence[MemoryView]) -> str:
+    """Retrieved memories as the text block of the plan prompt: successes, then failures."""
+    return "\n\n".join(
+        [
+            M.CONTEXT_HEADER,
+            _section(M.POSITIVE_HEADER, positives),
+            _section(M.NEGATIVE_HEADER, negatives),
+        ]
+    )
+
+
+EMPTY_MEMORY = memory_context((), ())  # what the Planner reads when nothing was retrieved
+
+
+# ----------------------------------------------------------------------------- conversations
+
+
+def plan_messages(context: str, question: str, *, image: bool) -> list[Message]:
+    return [
+        {"role": "system", "content": PLANNER_SYSTEM_PROMPT},
+        {"role": "user", "content": plan_prompt(context, question, image=image)},
+    ]
+
+
+def judge_turn(trace: str) -> Message:
+    """The reflection turn: the Executor's trace, then "replan? yes or no"."""
+    return {"role": "user", "content": judge_prompt(trace)}
+
+
+def replan_turn(question: str, memory: str | None = None) -> Message:
+    return {"role": "user", "content": replan_prompt(question, memory)}
+
+
+def judge_messages(past_messages: list[Message], trace: str) -> list[Message]:
+    return [*past_messages, judge_turn(trace)]
+
+
+def replan_messages(
+    past_messages: list[Message], question: str, memory: str | None = None
+) -> list[Message]:
+    return [*past_messages, replan_turn(question, memory)]
+
+
+def replan_train_prefix(
+    question: str, plan: str, trace: str, mem_context: str, *, image: bool
+) -> list[Message]:
+    """The synthetic planner conversation of Executor training, up to the replan turn: the plan
+    was followed, the answer judged wrong, so the decision is a canned "yes". Role names are the
+    standard ones (the reference misspelled "assistant")."""
+    return [
+        *plan_messages(mem_context, question, image=image),
+        {"role": "assistant", "content": plan},
+        judge_turn(trace),
+        {"role": "assistant", "content": REPLAN_TRAIN_DECISION},
+    ]
+
+
+def replan_train_messages(
+    question: str, plan: str, trace: str, mem_context: str, *, image: bool
+) -> list[Message]:
+    """:func:`replan_train_prefix` and the replan turn: the 6 messages ``/replan_train`` sends."""
+    return [
+        *replan_train_prefix(question, plan, trace, mem_context, image=image),
+        replan_turn(question),
+    ]
+
+
+def is_image_question(image_caption: Any, modality: str | None = None) -> bool:
+    """The plan prompt's image variant: a question with a caption (or marked text-image)."""
+    return bool(image_caption) or modality == "text-image"
+
+
+def parse_decision_strict(text: str) -> bool | None:
+    """The reflection's decision: True (replan) if the answer part says "yes", False if it says
+    "no", None when it says neither (an empty or think-only reply): not a decision at all.
+    "yes" wins when both appear, as in :func:`parse_decision`."""
+    answer = text_after_think(text)
+    if _YES.search(answer):
+        return True
+    if _NO.search(answer):
+        return False
+    return None

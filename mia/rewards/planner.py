@@ -11,6 +11,11 @@ decision_weight*decision + evidence_weight*evidence`` where ``acc2 = acc1`` with
 ``<think>`` tags are balanced in the plan, the decision and the replan; ``decision`` = 1 iff the
 Planner asked for a replan exactly when answer 1 was wrong; ``evidence`` = 1 iff a search result
 in the final trace holds a gold answer (weight 0 by default: the reference's reward).
+
+The rollout-facing rewards, as ``await reward(sample, rollout) -> (score, extras)``:
+:class:`PlannerReward` (this score against the sample's ground truth with a local judge) and
+:class:`RemoteReward` (the pluggable reward server's ``/compute_gt_reward`` with the native
+episode record, where ground truths and user feedback live: TTRL-streaming).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from typing import Any
 from mia.agent.protocol import tags_balanced
 from mia.errors import MiaError
 from mia.judge.base import Judge, as_golds
-from mia.prompts.planner import parse_decision, text_after_think
+from mia.llm.think import text_after_think
+from mia.prompts.planner import parse_decision
 from mia.rewards.config import PlannerRewardConfig, load_reward_config
 from mia.rewards.grading import answer_from_trace, grade
+from mia.services import RewardClient
 from mia.trace import content_text, evidence_in_trace
 
 
@@ -162,3 +169,42 @@ async def planner_reward(
         "judge": final.judge,
     }
     return score, extras
+
+
+class PlannerReward:
+    def __init__(self, judge: Judge, cfg: PlannerRewardConfig | Mapping[str, Any] | None = None):
+        self.judge = judge
+        self.cfg = load_reward_config(PlannerRewardConfig, cfg)
+
+    async def __call__(
+        self, sample: Mapping[str, Any], rollout: Any
+    ) -> tuple[float, dict[str, Any]]:
+        golds = list(sample.get("golds") or [])
+        if not golds:
+            raise MiaError(f"sample {sample.get('data_id')!r} has no ground-truth answer")
+        return await planner_reward(rollout.record, golds, self.judge, self.cfg)
+
+
+class RemoteReward:
+    """Scores come from the reward server; ``extras`` are the server's (judgement, format, ...)."""
+
+    def __init__(self, client: RewardClient) -> None:
+        self.client = client
+
+    async def __call__(
+        self, sample: Mapping[str, Any], rollout: Any
+    ) -> tuple[float, dict[str, Any]]:
+        data_id = sample.get("data_id")
+        if data_id is None:
+            raise MiaError("the reward server needs a data_id per sample")
+        out = await self.client.compute(
+            str(data_id),
+            rollout.record.to_dict(),
+            question=str(sample.get("question", "")),
+            data_source=sample.get("data_source") or None,
+        )
+        extras = dict(out.get("extras") or {})
+        for key in ("judgement", "format_score", "decision_score"):
+            if out.get(key) is not None:
+                extras.setdefault(key, out[key])
+        return float(out["score"]), extras

@@ -113,6 +113,9 @@ class MemoryQuery(_Request):
     modality: Modality | None = None  # default: text-image iff a caption is given
     # /memory only: also return how every retrieved memory was scored (``explain``).
     explain: bool = False
+    # /plan only: write a plan only when memory holds something for the question (``memory``)
+    # or a failed similar question (``failure``); else the answer has plan "" and planner "none".
+    plan_if: Literal["always", "memory", "failure"] = "always"
 
 
 class ScoredMemory(BaseModel):
@@ -172,7 +175,8 @@ class PlanResponse(BaseModel):
     pos_indices: list[int]
     neg_indices: list[int]
     context: str
-    planner: Literal["manager", "planner"]  # which LLM wrote it ("manager" = cold start)
+    # Which LLM wrote it ("manager" = cold start; "none": no plan, as ``plan_if`` asked).
+    planner: Literal["manager", "planner", "none"]
 
 
 class JudgeReplanRequest(_Request):
@@ -552,12 +556,15 @@ class MemoryClient(ServiceClient):
         image_caption: str | Sequence[str] | None = None,
         data_id: str | None = None,
         top_k: int | None = None,
+        plan_if: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"question": question, "data_id": data_id or ""}
         if image_caption:
             body["image_caption"] = _caption(image_caption)
         if top_k is not None:
             body["mem_top_k"] = top_k
+        if plan_if is not None:
+            body["plan_if"] = plan_if
         return body
 
     async def memory(self, question: str, **kw: Any) -> dict[str, Any]:
