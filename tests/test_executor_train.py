@@ -176,6 +176,9 @@ def test_one_executor_grpo_step_through_real_services(tmp_path: Path, search_url
         assert all(mask == (1 if kind == "assistant" else 0) for kind, mask in kinds)
         assert ("observation", 0) in kinds
         assert (("replan", 0) in kinds) == traj.replanned
+        # The rollout ran the one Planner flow: the judge reflected, /replan_train replanned.
+        want_states = ["plan", "execute", "reflect"] + (["replan", "continue"] * traj.replanned)
+        assert traj.state["states"] == want_states
         # The real local_search answered the search.
         passage = "founded by Kaleth Morvaine" if traj.data_id == "e1" else "born in Velmora"
         assert passage in traj.messages[3]["content"]

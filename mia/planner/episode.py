@@ -35,8 +35,6 @@ from mia.planner.planners import IMAGE_VARIANTS, ConversationPlanner, NoPlanner,
 from mia.rl.episode import Rollout
 from mia.services import MemoryClient
 
-PlannerRollout = PlannerRun  # what a Planner rollout is, for the trainer's and rewards' readers
-
 
 @dataclass
 class PlannerEpisodeConfig:

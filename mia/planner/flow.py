@@ -10,13 +10,14 @@
 - CONTINUE: the Executor continues its conversation with the supplementary plan.
 
 Every consumer runs this one flow; they differ only in the Planner and the Executor they plug in
-(:mod:`mia.planner.planners`, :mod:`mia.planner.executors`):
+(the Planners are in :mod:`mia.planner.planners`):
 
 | consumer | Planner | Executor |
 |---|---|---|
 | ``mia eval`` (``plan_only``, ``mia``) | memory_serve ``/plan``, ``/judge_replan``, ``/replan`` | serve |
 | ``mia eval`` (``none``, ``rag``) | none / the retrieved context as the guide | serve |
 | Planner GRPO, TTRL, streaming | token-exact turns of the trainable policy | serve |
+| Executor GRPO (``executor_train``) | the sample's plan; the judge reflects; ``/replan_train`` | the trainable loop |
 | memory_serve's routes | each route is one step of the chat Planner | - |
 
 A Planner step returns False when the Planner's context has no room left for it; the flow then
