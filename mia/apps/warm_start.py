@@ -208,6 +208,19 @@ def _constants(module: Any, numbers: bool = False) -> dict[str, Any]:
     return out
 
 
+def _planner_text() -> dict[str, Any]:
+    """The Planner's prompt templates, and the chat end tokens its replies are read without.
+    The memory block's layout (``FEEDBACK_KEYS``, ``EMPTY_MEMORY``) is left out: it is built
+    from :mod:`mia.prompts.manager`'s constants, which the key has never covered."""
+    from mia.llm import think
+    from mia.prompts import planner
+
+    layout = ("FEEDBACK_KEYS", "EMPTY_MEMORY")
+    out = {k: v for k, v in _constants(planner).items() if k not in layout}
+    out["_END_TOKENS"] = think._END_TOKENS
+    return dict(sorted(out.items()))
+
+
 def data_fingerprint(planner_memory: bool = False) -> dict[str, Any]:
     """What the gold data depends on beyond the recipe: the world format, the prompts the agent
     loop and the Planner render, the gold phrase tables, and :data:`WARM_DATA_VERSION`; with
@@ -215,12 +228,12 @@ def data_fingerprint(planner_memory: bool = False) -> dict[str, Any]:
     :mod:`mia.apps.planner_gold`, so a change there retrains only the recipes that use it."""
     from mia.apps import gold
     from mia.data.world_io import WORLD_FORMAT_VERSION
-    from mia.prompts import executor, planner
+    from mia.prompts import executor
 
     out = {
         "warm_data_version": WARM_DATA_VERSION,
         "world_format": WORLD_FORMAT_VERSION,
-        "prompts": _sha([_constants(executor), _constants(planner)]),
+        "prompts": _sha([_constants(executor), _planner_text()]),
         "gold": _sha(_constants(gold)),
     }
     if planner_memory:
