@@ -236,6 +236,23 @@ def create_app(
         limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
     app.state.limits = limits
     app.state.bind_host = None  # set by run_app / ServerThread: the Host check needs it
+    _add_error_handlers(app)
+    _add_guard(app, pages, binary_types)
+    if pages:
+        _add_login(app, pages)
+
+    @app.get("/health")
+    async def _health() -> dict[str, Any]:
+        payload: dict[str, Any] = {"status": "ok", "service": title}
+        if health is not None:
+            payload.update(health())
+        return payload
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as the envelope; an unhandled one as a 500 whose details stay in the log."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -254,38 +271,46 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error in %s", title)
+        log.exception("unhandled error in %s", app.title)
         # The exception's text may hold server paths or data: it goes to the log, not the client.
         return error_response(500, f"internal error ({type(exc).__name__}); see the service log")
 
-    def _is_page(path: str) -> bool:
-        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in pages)
 
-    def _auth(request: Request) -> Response | None:
-        """None when the request may go on, else the answer."""
-        token = app.state.token
-        path = request.url.path
-        if not token or path == "/health" or (pages and path == LOGIN_PATH):
-            return None
-        got = request.headers.get("authorization", "")
-        if hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
-            return None
-        if not pages:
-            return error_response(401, "missing or wrong bearer token")
-        cookie = request.cookies.get(session_cookie_name(request.url.port), "")
-        if cookie and hmac.compare_digest(cookie.encode(), session_value(token).encode()):
-            if request.method not in ("GET", "HEAD") and request.headers.get(BROWSER_HEADER) != "1":
-                return error_response(403, f"a browser session request needs {BROWSER_HEADER}: 1")
-            return None
-        given = request.query_params.get("token")
-        if given is not None and request.method == "GET" and _is_page(path):
-            if hmac.compare_digest(given.encode(), token.encode()):
-                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-                return _signed_in(request, path + (f"?{urlencode(rest)}" if rest else ""), token)
-            return login_page(app.title, path, "wrong token")
-        if request.method == "GET" and _is_page(path):
-            return login_page(app.title, path)
+def _is_page(pages: tuple[str, ...], path: str) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in pages)
+
+
+def _authorize(app: FastAPI, request: Request, pages: tuple[str, ...]) -> Response | None:
+    """None when the request may go on, else the answer: the bearer token, or (services with
+    pages) the browser session cookie, ``?token=`` on a page, or the sign-in form."""
+    token = app.state.token
+    path = request.url.path
+    if not token or path == "/health" or (pages and path == LOGIN_PATH):
+        return None
+    got = request.headers.get("authorization", "")
+    if hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+        return None
+    if not pages:
         return error_response(401, "missing or wrong bearer token")
+    cookie = request.cookies.get(session_cookie_name(request.url.port), "")
+    if cookie and hmac.compare_digest(cookie.encode(), session_value(token).encode()):
+        if request.method not in ("GET", "HEAD") and request.headers.get(BROWSER_HEADER) != "1":
+            return error_response(403, f"a browser session request needs {BROWSER_HEADER}: 1")
+        return None
+    page = request.method == "GET" and _is_page(pages, path)
+    given = request.query_params.get("token")
+    if given is not None and page:
+        if hmac.compare_digest(given.encode(), token.encode()):
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            return _signed_in(request, path + (f"?{urlencode(rest)}" if rest else ""), token)
+        return login_page(app.title, path, "wrong token")
+    if page:
+        return login_page(app.title, path)
+    return error_response(401, "missing or wrong bearer token")
+
+
+def _add_guard(app: FastAPI, pages: tuple[str, ...], binary_types: tuple[str, ...]) -> None:
+    """The middleware every request passes first: origin, auth, then the body's limits."""
 
     @app.middleware("http")
     async def _guard(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -293,7 +318,7 @@ def create_app(
         method, headers = request.method, request.headers
         try:
             check_origin(headers, method, app.state.bind_host, limits.allowed_hosts)
-            denied = _auth(request)
+            denied = _authorize(app, request, pages)
             if denied is not None:
                 return denied
             body = await _read_body(request, limits)
@@ -314,30 +339,20 @@ def create_app(
             return resp
         return await call_next(request)
 
-    if pages:
 
-        @app.post(LOGIN_PATH, include_in_schema=False)
-        async def _login(request: Request) -> Response:
-            """The sign-in form's target: a form body ``token=...&next=/path``."""
-            form = parse_qs((await request.body()).decode("utf-8", "replace"))
-            default = pages[0]
-            target = _safe_next((form.get("next") or [""])[0], default)
-            given = (form.get("token") or [""])[0].strip()
-            token = app.state.token
-            if not token:
-                return RedirectResponse(target, status_code=303)
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return login_page(app.title, target, "wrong token")
-            return _signed_in(request, target, token)
-
-    @app.get("/health")
-    async def _health() -> dict[str, Any]:
-        payload: dict[str, Any] = {"status": "ok", "service": title}
-        if health is not None:
-            payload.update(health())
-        return payload
-
-    return app
+def _add_login(app: FastAPI, pages: tuple[str, ...]) -> None:
+    @app.post(LOGIN_PATH, include_in_schema=False)
+    async def _login(request: Request) -> Response:
+        """The sign-in form's target: a form body ``token=...&next=/path``."""
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        target = _safe_next((form.get("next") or [""])[0], pages[0])
+        given = (form.get("token") or [""])[0].strip()
+        token = app.state.token
+        if not token:
+            return RedirectResponse(target, status_code=303)
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return login_page(app.title, target, "wrong token")
+        return _signed_in(request, target, token)
 
 
 def add_server_args(parser: argparse.ArgumentParser, default_port: int, env_prefix: str) -> None:
