@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mia.apps.demo import answer_correct  # noqa: E402
+from mia.apps.demo_report import answer_correct  # noqa: E402
 from mia.eval.stats import format_comparison, paired_bootstrap_ci  # noqa: E402
 from ttrl.curve import format_steps  # noqa: E402
 

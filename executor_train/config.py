@@ -17,6 +17,7 @@ from mia.errors import MiaError
 from mia.judge import JudgeConfig
 from mia.rewards.config import ExecutorRewardConfig
 from mia.rl.trainer import TrainerConfig, check_loss_temperature
+from mia.roles import config as shared
 from mia.roles.common import load_role
 from mia.roles.config import MemoryServices, cpu_trainer
 
@@ -30,14 +31,14 @@ class ExecutorTrainData:
         "reference parquet / JSON / JSONL (docs/reference.md §10); plan and memories_context "
         "columns optional (absent: memory_serve /plan)",
     )
-    val: str | None = option(None, "validation questions (same formats); null = none")
+    val: str | None = shared.val_data()
     text_only: bool = option(
         True,
         "skip image questions: true for text-only policies (the CPU default SmolLM2); "
         "false needs a Qwen2.5-VL policy (experiment=paper sets it)",
     )
-    limit: int | None = option(None, "keep the first N training rows; null = all")
-    val_limit: int | None = option(None, "keep the first N validation rows; null = all")
+    limit: int | None = shared.row_limit("training")
+    val_limit: int | None = shared.row_limit("validation")
 
 
 def cpu_agent() -> AgentConfig:
@@ -61,7 +62,7 @@ class ExecutorTrainConfig:
     model_path: str = option(
         "embedded", 'the policy\'s Hugging Face folder; "embedded" = SmolLM2-135M-Instruct'
     )
-    llm: str = option("embedded", "LLM roles for LLM judges: configs/llm/<name>.yaml or a file")
+    llm: str = shared.judge_llm()
     replan: bool = option(
         True, "one supplementary plan from /replan_train when the first answer is wrong"
     )
@@ -81,12 +82,8 @@ class ExecutorTrainConfig:
     reward: ExecutorRewardConfig = section(
         ExecutorRewardConfig, "0.7 acc + 0.2 tool + 0.1 format, +0.2 first attempt (§7.1)"
     )
-    judge: JudgeConfig = section(
-        JudgeConfig, "the ground-truth judge (judge=llm: the SimpleQA-style LLM judge)"
-    )
-    trainer: TrainerConfig = section(
-        lambda: cpu_trainer(save_freq=10), "the GRPO trainer (python -m mia.rl's keys)"
-    )
+    judge: JudgeConfig = shared.truth_judge()
+    trainer: TrainerConfig = shared.grpo_section(cpu_trainer)
 
     def validate(self) -> ExecutorTrainConfig:
         if self.missing_plan not in ("plan", "none"):

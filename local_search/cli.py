@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from mia.config import add_help_config, help_config
+from mia.cli_support import cli_errors, dispatch, serve_app
+from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.http import add_server_args
 
@@ -116,8 +117,6 @@ def serve_main(argv: list[str]) -> None:
         if value is not None:
             setattr(cfg, attr, value)
     cfg.validate()
-    from mia.http import run_app, server_limits
-
     from .index import open_index
     from .server import create_search_app
 
@@ -127,15 +126,7 @@ def serve_main(argv: list[str]) -> None:
     print(f"local_search: {m.method} index of {m.num_docs} passages from {args.index}", flush=True)
     app = create_search_app(retriever, cfg, token=args.token, max_body_bytes=args.max_body_bytes)
     try:
-        run_app(
-            app,
-            host=args.host,
-            port=args.port,
-            port_file=args.port_file,
-            limits=server_limits(args),
-        )
-    except OSError as err:  # bind failures: port taken, address not local, no permission
-        raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+        serve_app(app, args)
     finally:
         retriever.close()
 
@@ -187,29 +178,17 @@ _COMMANDS = {"build": build_main, "serve": serve_main, "verify": verify_main}
 
 def main(argv: list[str] | None = None) -> None:
     """Dispatch ``build`` / ``serve``; MiaError propagates (the caller prints it)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(
-            "usage: python -m local_search {build,serve,verify} [options]  (-h after one for "
-            "help; --help-config lists the --config keys)"
-        )
-        raise SystemExit(0 if argv else 2)
-    if argv[0] == "--help-config":
-        print(help_config(LocalSearchConfig))
-        raise SystemExit(0)
-    if argv[0] not in _COMMANDS:
-        raise MiaError(f"unknown command {argv[0]!r} (use build, serve or verify)")
-    _COMMANDS[argv[0]](argv[1:])
+    dispatch(
+        sys.argv[1:] if argv is None else argv,
+        _COMMANDS,
+        usage="usage: python -m local_search {build,serve,verify} [options]  (-h after one for "
+        "help; --help-config lists the --config keys)",
+        schema=LocalSearchConfig,
+        known="use build, serve or verify",
+    )
 
 
 def run() -> None:
     """Entry point of ``python -m local_search``: one line and exit 2 on a MiaError."""
-    try:
+    with cli_errors("local_search"):
         main()
-    except MiaError as err:
-        # One line, even when a library's message spans several.
-        print(f"local_search: error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        print("local_search: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None

@@ -1,4 +1,5 @@
-"""HTTP routes of the Memory Manager (docs/memory_serve.md); the reference's route names as aliases."""
+"""HTTP routes of the Memory Manager (docs/memory_serve.md): one router per OpenAPI tag, composed
+by :func:`build_app`; the reference's route names are added by :mod:`memory_serve.compat`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path as PathLib
 from typing import Any, Literal, TypeVar
 
-from fastapi import Body, FastAPI, Path, Query
+from fastapi import APIRouter, Body, FastAPI, Path, Query
 
+from memory_serve.compat import reference_aliases
 from memory_serve.concurrency import gather_all
 from memory_serve.inspector import PAGES, add_inspector
 from memory_serve.proxy import add_proxy
@@ -55,13 +57,33 @@ def build_app(
         pages=PAGES if service.cfg.ui.enabled else (),
     )
     app.state.service = service
-    cap, llm_cap = service.cfg.limits.max_items, service.cfg.limits.max_llm_items
+    routers = [retrieval_routes(service)]
+    if service.planner is not None:
+        # Without an LLM (llm.enabled=false) the planner routes do not exist (404).
+        routers.append(planner_routes(service))
+    routers += [
+        memory_routes(service),
+        ttrl_routes(service),
+        persistence_routes(service),
+        inspect_routes(service),
+    ]
+    for router in [*routers, reference_aliases(routers)]:
+        app.include_router(router)
+    if service.cfg.ui.enabled:
+        add_inspector(app)
+    if service.cfg.proxy.upstream:
+        add_proxy(app, service)
+    return app
 
-    @app.post(
+
+def retrieval_routes(service: MemoryService) -> APIRouter:
+    router = APIRouter(tags=["retrieval"])
+    cap = service.cfg.limits.max_items
+
+    @router.post(
         "/memory",
         response_model=list[S.MemoryResponse] | S.MemoryResponse,
         response_model_exclude_unset=True,
-        tags=["retrieval"],
     )
     async def memory(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
         """Retrieve positive and negative workflows.
@@ -73,70 +95,73 @@ def build_app(
         win-rate and score (the numbers that ranked it)."""
         return await _each(body, service.memory, cap)
 
-    if service.planner is not None:
-        # Without an LLM (llm.enabled=false) the planner routes do not exist (404).
-        @app.post("/plan", response_model=list[S.PlanResponse] | S.PlanResponse, tags=["planner"])
-        async def plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
-            """Retrieve memories and write a plan (the manager LLM plans on a cold start)."""
-            return await _each(body, service.planning.plan, llm_cap)
+    return router
 
-        @app.post(
-            "/best_plan",
-            response_model=list[S.BestPlanResponse] | S.BestPlanResponse,
-            tags=["planner"],
-        )
-        async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
-            """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
-            return await _each(body, service.planning.best_plan, llm_cap)
 
-        @app.post(
-            "/judge_replan",
-            response_model=list[S.JudgeReplanResponse] | S.JudgeReplanResponse,
-            tags=["planner"],
-        )
-        async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
-            """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
-            decision, messages, planner}``."""
-            return await _each(body, service.planning.judge_replan, llm_cap)
+def planner_routes(service: MemoryService) -> APIRouter:
+    router = APIRouter(tags=["planner"])
+    planning, cap = service.planning, service.cfg.limits.max_llm_items
 
-        @app.post(
-            "/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse, tags=["planner"]
-        )
-        async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
-            """A supplementary plan (<= 200 words) continuing the planner conversation ->
-            ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
-            return await _each(body, service.planning.replan, llm_cap)
+    @router.post("/plan", response_model=list[S.PlanResponse] | S.PlanResponse)
+    async def plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+        """Retrieve memories and write a plan (the manager LLM plans on a cold start)."""
+        return await _each(body, planning.plan, cap)
 
-        @app.post("/replan_train", response_model=S.ReplanTrainResponse, tags=["planner"])
-        async def replan_train(body: S.ReplanTrainRequest) -> Any:
-            """Supplementary plan for Executor training (synthetic 6-message conversation)."""
-            return await service.planning.replan_train(body)
+    @router.post("/best_plan", response_model=list[S.BestPlanResponse] | S.BestPlanResponse)
+    async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+        """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
+        return await _each(body, planning.best_plan, cap)
 
-    async def save(body: list[S.TrajectoryItem] | S.TrajectoryItem) -> Any:
+    @router.post(
+        "/judge_replan", response_model=list[S.JudgeReplanResponse] | S.JudgeReplanResponse
+    )
+    async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
+        """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
+        decision, messages, planner}``."""
+        return await _each(body, planning.judge_replan, cap)
+
+    @router.post("/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse)
+    async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
+        """A supplementary plan (<= 200 words) continuing the planner conversation ->
+        ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
+        return await _each(body, planning.replan, cap)
+
+    @router.post("/replan_train", response_model=S.ReplanTrainResponse)
+    async def replan_train(body: S.ReplanTrainRequest) -> Any:
+        """Supplementary plan for Executor training (synthetic 6-message conversation)."""
+        return await planning.replan_train(body)
+
+    return router
+
+
+def memory_routes(service: MemoryService) -> APIRouter:
+    router = APIRouter(tags=["memory"])
+    cap = service.cfg.limits.max_items
+
+    # The name keeps the operation id this route had next to its reference alias.
+    @router.post("/memories", response_model=S.SaveMemoriesResponse, name="save_memories_memories")
+    async def save_memories(body: list[S.TrajectoryItem] | S.TrajectoryItem) -> Any:
         """Compress and store finished trajectories (win-rate credit to the used memories)."""
         return await service.save_memories(_as_list(body, cap))
 
-    for path in ("/memories", "/batch_memory_save"):
-        app.add_api_route(
-            path,
-            save,
-            methods=["POST"],
-            response_model=S.SaveMemoriesResponse,
-            tags=["memory"],
-            name=f"save_memories{path.replace('/', '_')}",
-        )
-
-    @app.post("/memories/find", response_model=S.FindMemoriesResponse, tags=["memory"])
+    @router.post("/memories/find", response_model=S.FindMemoriesResponse)
     async def find_memories(body: S.FindMemoriesRequest) -> Any:
         """Stored memories written for these ``data_ids`` (optionally from one ``source``)."""
         return await service.find_memories(body)
 
-    @app.post("/memory_bank_save", response_model=S.BankSaveResponse, tags=["ttrl"])
+    return router
+
+
+def ttrl_routes(service: MemoryService) -> APIRouter:
+    router = APIRouter(tags=["ttrl"])
+    cap = service.cfg.limits.max_items
+
+    @router.post("/memory_bank_save", response_model=S.BankSaveResponse)
     async def bank_save(body: list[S.RolloutItem] | S.RolloutItem) -> Any:
         """Buffer TTRL rollouts per question until the next consolidation."""
         return await service.bank_save(_as_list(body, cap))
 
-    @app.post("/consolidate_memories", response_model=S.ConsolidateResponse, tags=["ttrl"])
+    @router.post("/consolidate_memories", response_model=S.ConsolidateResponse)
     async def consolidate(
         body: S.ConsolidateRequest | list[Any] | None = Body(default=None),
     ) -> Any:
@@ -144,7 +169,7 @@ def build_app(
         req = body if isinstance(body, S.ConsolidateRequest) else S.ConsolidateRequest()
         return await service.consolidate(req)
 
-    @app.post("/batch_evaluate", response_model=S.BatchEvaluateResponse, tags=["ttrl"])
+    @router.post("/batch_evaluate", response_model=S.BatchEvaluateResponse)
     async def batch_evaluate(
         body: S.BatchEvaluateRequest | list[Any] | None = Body(default=None),
     ) -> Any:
@@ -152,17 +177,23 @@ def build_app(
         req = body if isinstance(body, S.BatchEvaluateRequest) else S.BatchEvaluateRequest()
         return await service.batch_evaluate(req)
 
-    @app.post("/save_memory", response_model=S.SaveResponse, tags=["persistence"])
+    return router
+
+
+def persistence_routes(service: MemoryService) -> APIRouter:
+    router = APIRouter(tags=["persistence"])
+
+    @router.post("/save_memory", response_model=S.SaveResponse)
     async def save_memory(body: S.SaveRequest | None = Body(default=None)) -> Any:
         """Copy the store to a SQLite file, a reference JSON file or a folder with both."""
-        return await service.save(body or S.SaveRequest())
+        return await service.backups.save(body or S.SaveRequest())
 
-    @app.post("/load_memory", response_model=S.LoadResponse, tags=["persistence"])
+    @router.post("/load_memory", response_model=S.LoadResponse)
     async def load_memory(body: S.LoadRequest) -> Any:
         """Replace (or merge into) the store from a saved copy."""
-        return await service.load(body)
+        return await service.backups.load(body)
 
-    @app.post("/clear_memory", response_model=S.ClearResponse, tags=["persistence"])
+    @router.post("/clear_memory", response_model=S.ClearResponse)
     async def clear_memory(
         body: S.ClearRequest | list[Any] | None = Body(default=None),
     ) -> Any:
@@ -170,11 +201,18 @@ def build_app(
         req = body if isinstance(body, S.ClearRequest) else S.ClearRequest()
         return await service.clear(req)
 
-    @app.get("/stats", response_model=S.StatsResponse, tags=["persistence"])
+    @router.get("/stats", response_model=S.StatsResponse)
     async def stats() -> Any:
         return await service.stats()
 
-    @app.get("/memories", response_model=S.MemoryPage, tags=["inspect"])
+    return router
+
+
+def inspect_routes(service: MemoryService) -> APIRouter:
+    router = APIRouter(tags=["inspect"])
+    runs_root = PathLib(cfg_runs_dir(service))
+
+    @router.get("/memories", response_model=S.MemoryPage)
     async def list_memories(
         offset: int = Query(0, ge=0, le=10**9),
         limit: int = Query(50, ge=1, le=MAX_PAGE),
@@ -196,32 +234,25 @@ def build_app(
             sort=sort,
         )
 
-    @app.get("/memories/{memory_id}", response_model=S.MemoryDetail, tags=["inspect"])
+    @router.get("/memories/{memory_id}", response_model=S.MemoryDetail)
     async def memory_detail(
         memory_id: int = Path(ge=1, le=2**62), history: int = Query(200, ge=0, le=10_000)
     ) -> Any:
         """One memory and its history: the trajectories that used it and whether they succeeded."""
         return await service.memory_detail(memory_id, history)
 
-    runs_root = PathLib(cfg_runs_dir(service))
-
-    @app.get("/runs", response_model=S.RunsResponse, tags=["inspect"])
+    @router.get("/runs", response_model=S.RunsResponse)
     async def runs() -> Any:
         """TTRL runs (``accuracy.jsonl``) and evaluations (``summary.json``) under the runs folder."""
         found, truncated = await asyncio.to_thread(find_runs, runs_root)
         return {"root": str(runs_root), "runs": found, "truncated": truncated}
 
-    @app.get("/runs/detail", response_model=S.RunDetail, tags=["inspect"])
+    @router.get("/runs/detail", response_model=S.RunDetail)
     async def run_detail(id: str = Query(min_length=1, max_length=1000)) -> Any:  # noqa: A002
         """One run's rows: per batch (TTRL) or per policy (evaluation), numbers only."""
         return await asyncio.to_thread(load_run, runs_root, id)
 
-    if service.cfg.ui.enabled:
-        add_inspector(app)
-    if service.cfg.proxy.upstream:
-        add_proxy(app, service)
-
-    return app
+    return router
 
 
 def cfg_runs_dir(service: MemoryService) -> str:

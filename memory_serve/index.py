@@ -1,9 +1,12 @@
-"""In-memory vector index of one bucket: growing numpy matrices with O(dim) add/remove.
+"""In-memory vector indexes: one bucket's growing numpy matrices with O(dim) add/remove, and one
+table's records filed into such buckets.
 
-Not thread-safe by itself: the store guards every index with its index lock.
+Not thread-safe by themselves: the store guards every index with its index lock.
 """
 
 from __future__ import annotations
+
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -69,3 +72,55 @@ class BucketIndex:
         """``(ids, q, c, win, correct)`` for the live rows (views: use under the index lock)."""
         n = self.n
         return self.ids[:n], self.q[:n], self.c[:n], self.win[:n], self.correct[:n]
+
+
+Bucket = tuple[str, str]  # (modality, category)
+
+
+class Filed(Protocol):
+    """A stored row the store keeps in memory: its id and the bucket it is filed under."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def modality(self) -> str: ...
+    @property
+    def category(self) -> str: ...
+
+
+R = TypeVar("R", bound=Filed)
+
+
+class TableIndex(Generic[R]):
+    """The in-memory side of one table: its records by id, and a :class:`BucketIndex` per
+    bucket over their embeddings. Not thread-safe either (the store's index lock guards it)."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.records: dict[int, R] = {}
+        self.buckets: dict[Bucket, BucketIndex] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def in_order(self) -> list[R]:
+        """Every record, oldest id first."""
+        return [self.records[i] for i in sorted(self.records)]
+
+    def bucket(self, key: Bucket) -> BucketIndex | None:
+        return self.buckets.get(key)
+
+    def add(self, rec: R, q: np.ndarray, c: np.ndarray, win_rate: float, correct: bool) -> None:
+        self.records[rec.id] = rec
+        index = self.buckets.setdefault((rec.modality, rec.category), BucketIndex(self.dim))
+        index.add(rec.id, q, c, win_rate, correct)
+
+    def drop(self, item_id: int) -> None:
+        rec = self.records.pop(item_id, None)
+        if rec is not None:
+            self.buckets[(rec.modality, rec.category)].remove(item_id)
+
+    def set_win_rate(self, rec: R, win_rate: float) -> None:
+        """``rec`` replaces the record of its id (same bucket), now ranked with ``win_rate``."""
+        self.records[rec.id] = rec
+        self.buckets[(rec.modality, rec.category)].set_win_rate(rec.id, win_rate)

@@ -57,13 +57,23 @@ def check_raw_path(raw: str) -> None:
         raise invalid_path(f"a file or folder name of {longest} bytes, at most {MAX_NAME_BYTES}")
 
 
+def os_reason(err: OSError) -> str:
+    """An OS error without the server path its ``str`` would show."""
+    return err.strerror or type(err).__name__
+
+
+def shown_in(raw: str, name: str) -> str:
+    """How a file inside the client's folder ``raw`` is named in messages."""
+    return f"{raw.rstrip('/')}/{name}"
+
+
 @contextlib.contextmanager
 def os_errors(shown: str) -> Iterator[None]:
     """An OS error on a client's path: 400 with the OS's reason, never the server's folders."""
     try:
         yield
     except OSError as err:
-        raise ApiError(400, f"cannot use {shown}: {err.strerror or type(err).__name__}") from None
+        raise ApiError(400, f"cannot use {shown}: {os_reason(err)}") from None
 
 
 def default_roots() -> tuple[Path, Path]:

@@ -9,36 +9,103 @@ errors (502 ``llm_empty`` / ``llm_error``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from memory_serve import ttrl
 from memory_serve.concurrency import gather_all
+from memory_serve.config import MemoryServeConfig
 from memory_serve.llms import sampling
 from memory_serve.records import TEXT_IMAGE, Retrieval
 from mia.agent import ChatPolicy
 from mia.http import ApiError
-from mia.llm.base import ChatBackend, LLMError
+from mia.llm.base import ChatBackend, ChatResult, LLMError, Message, SamplingParams
 from mia.planner.flow import PlannerRun, Task
 from mia.planner.planners import ConversationPlanner, EmptyReply, TurnLimits
 from mia.prompts.manager import choose_plan_prompt
 from mia.prompts.planner import replan_train_prefix
 from mia.services import memory as S
 
-if TYPE_CHECKING:
-    from memory_serve.service import MemoryService
+log = logging.getLogger("memory_serve")
+T = TypeVar("T")
+# A query's memories (at most k of each side) and its modality: the service's retrieval.
+Retrieve = Callable[[S.MemoryQuery, int], Awaitable[tuple[Retrieval, str]]]
 
 # The service's Planner conversation is as long as the LLM allows (its own context, when it
 # reports one, still bounds it).
 UNBOUNDED_CONTEXT = 10**9
 
 
-class PlannerRoutes:
-    """The planner routes of one :class:`~memory_serve.service.MemoryService`."""
+def mem_top_k(q: S.MemoryQuery, default: int) -> int:
+    """How many memories of each side a query asks for: its ``mem_top_k``, else ``default``."""
+    return q.mem_top_k if q.mem_top_k is not None else default
 
-    def __init__(self, service: MemoryService) -> None:
-        self.service = service
-        self.cfg = service.cfg
+
+class PlannerRoutes:
+    """The planner routes of one :class:`~memory_serve.service.MemoryService`: its manager and
+    planner LLMs, over its retrieval."""
+
+    def __init__(
+        self,
+        cfg: MemoryServeConfig,
+        manager: ChatBackend | None,
+        planner: ChatBackend | None,
+        retrieve: Retrieve,
+    ) -> None:
+        self.cfg = cfg
+        self.manager = manager
+        self.planner = planner
+        self._retrieve = retrieve
+
+    # ------------------------------------------------------------------ the LLMs
+    def _pick(self, cold: bool) -> tuple[ChatBackend | None, str]:
+        """The manager LLM on a cold start (few memories yet), else the planner."""
+        if cold and self.cfg.planner.cold_start:
+            return self.manager, "manager"
+        return self.planner, "planner"
+
+    async def _chat(
+        self, backend: ChatBackend | None, messages: list[Message], params: SamplingParams | None
+    ) -> ChatResult:
+        if backend is None:
+            raise ApiError(503, "no LLM configured for this route", "llm_unavailable")
+        try:
+            return await backend.chat(messages, params)
+        except LLMError as err:
+            raise ApiError(502, f"LLM call failed: {err}", "llm_error") from None
+
+    async def _ask(
+        self,
+        backend: ChatBackend | None,
+        who: str,
+        messages: list[Message],
+        what: str,
+        parse: Callable[[str], T | None],
+    ) -> tuple[str, T]:
+        """The LLM's reply and its parsed value. A reply with nothing usable (empty, only
+        ``<think>``, no decision) is an upstream fault like a 5xx: asked again
+        (``planner.empty_retries``), then 502 ``llm_empty``; never a silent ``""`` or "no"."""
+        params = self._planner_params(backend)
+        attempts = 1 + self.cfg.planner.empty_retries
+        text = ""
+        for attempt in range(attempts):
+            text = (await self._chat(backend, messages, params)).text
+            value = parse(text)
+            if value is not None:
+                return text, value
+            log.warning("%s LLM: no %s in reply (attempt %d/%d)", who, what, attempt + 1, attempts)
+        raise ApiError(
+            502,
+            f"the {who} LLM gave no {what} in {attempts} attempt(s) (reply {text[:200]!r})",
+            "llm_empty",
+        )
+
+    def _planner_params(self, backend: ChatBackend | None) -> SamplingParams | None:
+        if backend is None:
+            return None
+        p = self.cfg.planner
+        return sampling(backend, temperature=p.temperature, max_tokens=p.max_tokens)
 
     # ------------------------------------------------------------------ the runtime
     def _planner(
@@ -94,12 +161,11 @@ class PlannerRoutes:
 
     # ------------------------------------------------------------------ routes
     async def plan(self, q: S.MemoryQuery) -> S.PlanResponse:
-        svc = self.service
-        k = svc._k(q)
-        r, modality = await svc._retrieve(q, k)
+        k = mem_top_k(q, self.cfg.store.retrieval.top_k)
+        r, modality = await self._retrieve(q, k)
         if _skip(q.plan_if, r):
             return _plan_response(q, r, "", [], "none")
-        backend, who = svc._pick(len(r.positives) < k or len(r.negatives) < k)
+        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
         planner = self._planner(backend, who)
         planner.image_variant = self._variant(modality)
         run = self._run(q, r, modality)
@@ -108,10 +174,10 @@ class PlannerRoutes:
 
     async def best_plan(self, q: S.MemoryQuery) -> S.BestPlanResponse:
         """Sample several plans (T=1 by default), let the manager LLM pick one (§3.1)."""
-        svc, p = self.service, self.cfg.planner
-        k = svc._k(q)
-        r, modality = await svc._retrieve(q, k)
-        backend, who = svc._pick(len(r.positives) < k or len(r.negatives) < k)
+        p = self.cfg.planner
+        k = mem_top_k(q, self.cfg.store.retrieval.top_k)
+        r, modality = await self._retrieve(q, k)
+        backend, who = self._pick(len(r.positives) < k or len(r.negatives) < k)
 
         async def one() -> PlannerRun:
             planner = self._planner(backend, who, p.best_plan_temperature)
@@ -123,8 +189,8 @@ class PlannerRoutes:
 
         runs = await gather_all([one() for _ in range(p.best_plan_samples)])
         plans = [run.plan for run in runs]
-        _, pick = await svc._ask(
-            svc.manager,
+        _, pick = await self._ask(
+            self.manager,
             "manager",
             [{"role": "user", "content": choose_plan_prompt(q.question, r.context(), plans)}],
             f"plan number (1 to {len(plans)})",
@@ -138,7 +204,7 @@ class PlannerRoutes:
     async def judge_replan(self, req: S.JudgeReplanRequest) -> S.JudgeReplanResponse:
         # As /plan: a question planned on a cold start is also judged by the manager.
         cold = len(req.memory_ids) < 2 * self.cfg.store.retrieval.top_k
-        backend, who = self.service._pick(cold)
+        backend, who = self._pick(cold)
         planner, run = self._planner(backend, who), self._run(None, None)
         await planner.start(run, S.dump_messages(req.past_messages))
         await self._step(planner.reflect(run, req.workflow), who)
@@ -155,15 +221,14 @@ class PlannerRoutes:
         # The reference's rule (docs/reference.md §3.1): retrieve ``top_k + pass_num`` of each
         # side from the top, and plan with the manager LLM when either side has fewer. Its
         # driver sends mem_top_k=0, pass_num=2: two of each, so a young store is a cold start.
-        svc = self.service
-        k = svc._k(req, self.cfg.planner.replan_top_k)
+        k = mem_top_k(req, self.cfg.planner.replan_top_k)
         n = k + req.pass_num
-        r, _ = await svc._retrieve(req.model_copy(update={"pass_num": 0}), n)
+        r, _ = await self._retrieve(req.model_copy(update={"pass_num": 0}), n)
         memory = None
         if self.cfg.planner.replan_include_memory:  # positions [pass_num, pass_num + k)
             skip = req.pass_num
             memory = Retrieval(r.positives[skip : skip + k], r.negatives[skip : skip + k])
-        backend, who = svc._pick(len(r.positives) < n or len(r.negatives) < n)
+        backend, who = self._pick(len(r.positives) < n or len(r.negatives) < n)
         planner, run = self._planner(backend, who), self._run(req, None)
         await planner.start(run, S.dump_messages(req.past_messages))
         await self._step(planner.replan(run, memory.context() if memory else None), who)
@@ -182,7 +247,7 @@ class PlannerRoutes:
         variant = self.cfg.planner.replan_train_variant
         caption = req.image_caption
         image = variant == "image" or (variant == "auto" and bool(caption))
-        planner, run = self._planner(self.service.planner, "planner"), self._run(None, None)
+        planner, run = self._planner(self.planner, "planner"), self._run(None, None)
         run.task.question = req.question
         prefix = replan_train_prefix(
             req.question, req.plan, req.trace, req.mem_context1, image=image

@@ -1,4 +1,6 @@
-"""The Memory Manager's behaviour behind the HTTP routes (one method per route).
+"""The Memory Manager's behaviour behind the HTTP routes (one method per route): retrieval,
+writes, inspection and TTRL here; the planner routes in :mod:`memory_serve.planning`, saving and
+loading in :mod:`memory_serve.backups`.
 
 Async throughout: LLM calls are awaited on the event loop, store work (embedding, SQLite) runs
 in worker threads. LLM calls never happen while a store lock is held. An LLM failure answers
@@ -11,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sqlite3
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from memory_serve import ttrl
+from memory_serve.backups import Backups
 from memory_serve.classify import Classifier
 from memory_serve.compress import Compressor
 from memory_serve.concurrency import bounded, gather_all
@@ -26,9 +27,10 @@ from memory_serve.persist import (
     PersistPolicy,
     check_evaluation_target,
     check_folder,
-    check_target,
+    os_reason,
+    shown_in,
 )
-from memory_serve.planning import PlannerRoutes
+from memory_serve.planning import PlannerRoutes, mem_top_k
 from memory_serve.records import (
     CORRECT,
     MemoryRecord,
@@ -41,45 +43,16 @@ from memory_serve.records import (
     normalise_caption,
     normalise_judgement,
 )
-from memory_serve.refjson import (
-    export_plan_pairs,
-    export_workflows,
-    is_plan_layout,
-    parse_plan_pairs,
-    parse_workflows,
-    read_json,
-    write_json,
-)
 from memory_serve.store import MemoryStore
 from mia.errors import MiaError
 from mia.http import ApiError
-from mia.llm.base import ChatBackend, ChatResult, LLMError, Message, SamplingParams
-from mia.llm.think import text_after_think
+from mia.llm.base import ChatBackend, LLMError, Message
 from mia.prompts.manager import choose_plan_prompt, plan_pairs_block
 from mia.services import memory as S
 
 log = logging.getLogger("memory_serve")
-T = TypeVar("T")
 
-SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
-JSON_SUFFIXES = (".json", ".jsonl")
-DIR_SQLITE, DIR_WORKFLOWS, DIR_PLANS = "memory.sqlite", "workflow_memory.jsonl", "plan_memory.jsonl"
 FEEDBACK_FIELDS = ("evaluator_1_feedback", "evaluator_2_feedback", "evaluator_3_feedback")
-
-
-def _non_empty(text: str) -> str | None:
-    """The answer part of a reply (after ``</think>``), or None when there is none."""
-    return text_after_think(text) or None
-
-
-def _reason(err: OSError) -> str:
-    """An OS error without the server path its ``str`` would show."""
-    return err.strerror or type(err).__name__
-
-
-def _shown(raw: str, name: str) -> str:
-    """How a file inside the client's folder ``raw`` is named in messages."""
-    return f"{raw.rstrip('/')}/{name}"
 
 
 def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcome:
@@ -112,21 +85,7 @@ def _scored(rank: int, m: ScoredMemory) -> S.ScoredMemory:
 
 
 def _row(rec: MemoryRecord) -> S.MemoryRow:
-    return S.MemoryRow(
-        id=rec.id,
-        data_id=rec.data_id,
-        question=rec.question,
-        image_caption=rec.image_caption,
-        workflow_summary=rec.workflow_summary,
-        judgement=rec.judgement,
-        usage_count=rec.usage_count,
-        success_count=rec.success_count,
-        win_rate=rec.win_rate,
-        modality=rec.modality,
-        category=rec.category,
-        created_at=rec.created_at,
-        source=rec.source,
-    )
+    return S.MemoryRow.model_validate(rec, from_attributes=True)
 
 
 class MemoryService:
@@ -146,57 +105,11 @@ class MemoryService:
         self.compressor = Compressor(cfg.compress, manager)
         self.classifier = Classifier(cfg.classifier, manager)
         self.persist = PersistPolicy.from_config(cfg.persist.allowed_root, cfg.ttrl.output_dir)
-        self.planning = PlannerRoutes(self)  # /plan, /best_plan, /judge_replan, /replan, ...
+        # /plan, /best_plan, /judge_replan, /replan, /replan_train
+        self.planning = PlannerRoutes(cfg, manager, self.planner, self._retrieve)
+        self.backups = Backups(store, self.persist, cfg.ttrl.output_dir)  # /save_memory, ...
 
     # ------------------------------------------------------------------ helpers
-
-    async def _chat(
-        self, backend: ChatBackend | None, messages: list[Message], params: SamplingParams | None
-    ) -> ChatResult:
-        if backend is None:
-            raise ApiError(503, "no LLM configured for this route", "llm_unavailable")
-        try:
-            return await backend.chat(messages, params)
-        except LLMError as err:
-            raise ApiError(502, f"LLM call failed: {err}", "llm_error") from None
-
-    async def _ask(
-        self,
-        backend: ChatBackend | None,
-        who: str,
-        messages: list[Message],
-        what: str,
-        parse: Callable[[str], T | None],
-    ) -> tuple[str, T]:
-        """The LLM's reply and its parsed value. A reply with nothing usable (empty, only
-        ``<think>``, no decision) is an upstream fault like a 5xx: asked again
-        (``planner.empty_retries``), then 502 ``llm_empty``; never a silent ``""`` or "no"."""
-        params = self._planner_params(backend)
-        attempts = 1 + self.cfg.planner.empty_retries
-        text = ""
-        for attempt in range(attempts):
-            text = (await self._chat(backend, messages, params)).text
-            value = parse(text)
-            if value is not None:
-                return text, value
-            log.warning("%s LLM: no %s in reply (attempt %d/%d)", who, what, attempt + 1, attempts)
-        raise ApiError(
-            502,
-            f"the {who} LLM gave no {what} in {attempts} attempt(s) (reply {text[:200]!r})",
-            "llm_empty",
-        )
-
-    def _planner_params(self, backend: ChatBackend | None) -> SamplingParams | None:
-        if backend is None:
-            return None
-        p = self.cfg.planner
-        return sampling(backend, temperature=p.temperature, max_tokens=p.max_tokens)
-
-    def _pick(self, cold: bool) -> tuple[ChatBackend | None, str]:
-        """The manager LLM on a cold start (few memories yet), else the planner."""
-        if cold and self.cfg.planner.cold_start:
-            return self.manager, "manager"
-        return self.planner, "planner"
 
     async def _category(self, question: str, given: str | None = None) -> str:
         return given or await self.classifier.classify(question)
@@ -228,19 +141,10 @@ class MemoryService:
         )
         return found, caption, modality, category
 
-    def _k(self, q: S.MemoryQuery, default: int | None = None) -> int:
-        if q.mem_top_k is not None:
-            return q.mem_top_k
-        return self.cfg.store.retrieval.top_k if default is None else default
-
-    def _check_path(self, raw: str) -> Path:
-        """A client's path resolved under the persistence policy (400/403 otherwise)."""
-        return self.persist.resolve(raw)
-
     # ------------------------------------------------------------------ retrieval / planning
 
     async def memory(self, q: S.MemoryQuery) -> S.MemoryResponse:
-        k = self._k(q)
+        k = mem_top_k(q, self.cfg.store.retrieval.top_k)
         r, caption, modality, category = await self._retrieve_where(q, k)
         explain = None
         if q.explain:
@@ -316,12 +220,8 @@ class MemoryService:
         return await bounded(self.cfg.compress.concurrency, [job(*j) for j in jobs])
 
     async def _write(self, mems: list[NewMemory]) -> list[WriteResult]:
-        def work() -> list[WriteResult]:
-            q, c = self.store.embed([m.question for m in mems], [m.image_caption for m in mems])
-            return [self.store.write(m, q[i], c[i]) for i, m in enumerate(mems)]
-
         try:
-            return await asyncio.to_thread(work)
+            return await asyncio.to_thread(self.store.add_many, mems)
         except MiaError as err:
             raise ApiError(400, str(err)) from None
 
@@ -366,14 +266,7 @@ class MemoryService:
         records = await asyncio.to_thread(self.store.records)
         return S.FindMemoriesResponse(
             memories=[
-                S.FoundMemory(
-                    id=r.id,
-                    data_id=r.data_id,
-                    question=r.question,
-                    judgement=r.judgement,
-                    source=r.source,
-                    created_at=r.created_at,
-                )
+                S.FoundMemory.model_validate(r, from_attributes=True)
                 for r in records
                 if r.data_id in wanted and (req.source is None or r.source == req.source)
             ]
@@ -533,46 +426,23 @@ class MemoryService:
         out = req.output_dir or self.cfg.ttrl.output_dir
         if not out:
             raise ApiError(400, "no output_dir in the request and ttrl.output_dir is not set")
-        out_dir = self._check_path(out)
+        out_dir = self.persist.resolve(out)
         check_folder(out_dir, out)
         rules = list(req.rules or self.cfg.ttrl.rules)
         for rule in rules:  # append only to files this route wrote
             name = f"evaluated-{rule}.jsonl"
-            check_evaluation_target(out_dir / name, rule, _shown(out, name))
+            check_evaluation_target(out_dir / name, rule, shown_in(out, name))
         if "choice" in rules and self.manager is None:
             raise ApiError(400, "the 'choice' rule needs a manager LLM")
         seed = self.cfg.ttrl.seed if req.seed is None else req.seed
         groups = list(ttrl.group_rollouts(await asyncio.to_thread(self.store.rollouts)).values())
-        fallbacks = 0
-        picks: dict[str, list[int]] = {}
-        for rule in rules:
-            if rule == "choice":
-                choices = await bounded(
-                    self.cfg.ttrl.concurrency, [lambda g=g: self._choose(g) for g in groups]
-                )
-                fallbacks = sum(1 for c in choices if c is None)
-                picks[rule] = [0 if c is None else c for c in choices]
-            else:
-                picks[rule] = [ttrl.select_index(rule, g, seed) for g in groups]
-
-        def write_files() -> dict[str, str]:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            files = {}
-            for rule in rules:
-                path = out_dir / f"evaluated-{rule}.jsonl"
-                with path.open("a", encoding="utf-8") as f:
-                    for g, i in zip(groups, picks[rule], strict=True):
-                        f.write(
-                            json.dumps(self._eval_row(rule, g, i, req.step), ensure_ascii=False)
-                        )
-                        f.write("\n")
-                files[rule] = str(path)
-            return files
-
+        picks, fallbacks = await self._picks(rules, groups, seed)
         try:
-            files = await asyncio.to_thread(write_files)
+            files = await asyncio.to_thread(
+                self._write_evaluations, out_dir, rules, groups, picks, req.step
+            )
         except OSError as err:
-            raise ApiError(400, f"cannot write to {out}: {_reason(err)}") from None
+            raise ApiError(400, f"cannot write to {out}: {os_reason(err)}") from None
         accuracy: dict[str, float | None] = {}
         for rule in rules:
             hits = [groups[j][i].judgement == CORRECT for j, i in enumerate(picks[rule])]
@@ -584,6 +454,44 @@ class MemoryService:
             choice_fallbacks=fallbacks,
             message=f"evaluated {len(groups)} questions under {len(rules)} rules",
         )
+
+    async def _picks(
+        self, rules: list[str], groups: list[list[Rollout]], seed: int
+    ) -> tuple[dict[str, list[int]], int]:
+        """Each rule's pick per question group, and how many LLM choices fell back to the
+        first rollout (an unusable reply or a failed call)."""
+        fallbacks = 0
+        picks: dict[str, list[int]] = {}
+        for rule in rules:
+            if rule == "choice":
+                choices = await bounded(
+                    self.cfg.ttrl.concurrency, [lambda g=g: self._choose(g) for g in groups]
+                )
+                fallbacks = sum(1 for c in choices if c is None)
+                picks[rule] = [0 if c is None else c for c in choices]
+            else:
+                picks[rule] = [ttrl.select_index(rule, g, seed) for g in groups]
+        return picks, fallbacks
+
+    def _write_evaluations(
+        self,
+        out_dir: Path,
+        rules: list[str],
+        groups: list[list[Rollout]],
+        picks: dict[str, list[int]],
+        step: int | None,
+    ) -> dict[str, str]:
+        """Append each rule's picks to its ``evaluated-<rule>.jsonl``; the files by rule."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for rule in rules:
+            path = out_dir / f"evaluated-{rule}.jsonl"
+            with path.open("a", encoding="utf-8") as f:
+                for g, i in zip(groups, picks[rule], strict=True):
+                    f.write(json.dumps(self._eval_row(rule, g, i, step), ensure_ascii=False))
+                    f.write("\n")
+            files[rule] = str(path)
+        return files
 
     @staticmethod
     def _eval_row(rule: str, group: list[Rollout], i: int, step: int | None) -> dict[str, Any]:
@@ -604,140 +512,6 @@ class MemoryService:
         }
 
     # ------------------------------------------------------------------ persistence
-
-    @staticmethod
-    def _format_of(path: Path, fmt: str) -> str:
-        if fmt != "auto":
-            return fmt
-        if path.suffix.lower() in SQLITE_SUFFIXES:
-            return "sqlite"
-        if path.suffix.lower() in JSON_SUFFIXES:
-            return "json"
-        return "dir"
-
-    async def save(self, req: S.SaveRequest) -> S.SaveResponse:
-        raw = req.path or self.cfg.ttrl.output_dir
-        if not raw:
-            raise ApiError(400, "no path in the request and ttrl.output_dir is not set")
-        path = self._check_path(raw)
-        fmt = (
-            "dir"
-            if req.path is None and req.format == "auto"
-            else self._format_of(path, req.format)
-        )
-        store = self.store
-        # Nothing but a memory backup is ever replaced (and never the live database).
-        if fmt == "dir":
-            check_folder(path, raw)
-            for name, kind in (
-                (DIR_SQLITE, "sqlite"),
-                (DIR_WORKFLOWS, "json"),
-                (DIR_PLANS, "json"),
-            ):
-                check_target(path / name, kind, _shown(raw, name), store.db_path)
-        else:
-            check_target(path, fmt, raw, store.db_path)
-
-        def work() -> list[str]:
-            if fmt == "sqlite":
-                return [str(store.backup(path))]
-            if fmt == "json":
-                write_json(path, export_workflows(store.records()))
-                return [str(path)]
-            path.mkdir(parents=True, exist_ok=True)
-            store.backup(path / DIR_SQLITE)
-            write_json(path / DIR_WORKFLOWS, export_workflows(store.records()))
-            write_json(path / DIR_PLANS, export_plan_pairs(store.plan_pairs()))
-            return [str(path / n) for n in (DIR_SQLITE, DIR_WORKFLOWS, DIR_PLANS)]
-
-        try:
-            files = await asyncio.to_thread(work)
-        except OSError as err:
-            raise ApiError(400, f"cannot save to {raw}: {_reason(err)}") from None
-        except sqlite3.Error as err:
-            raise ApiError(400, f"cannot save to {raw}: {err}") from None
-        return S.SaveResponse(
-            format=fmt,  # type: ignore[arg-type]
-            files=files,
-            memories=len(store),
-            plan_pairs=len(store.plan_pairs()),
-        )
-
-    async def load(self, req: S.LoadRequest) -> S.LoadResponse:
-        raw = req.path
-        path = self._check_path(raw)
-        try:
-            exists = path.exists()
-        except OSError as err:  # e.g. a file name over the OS limit
-            raise ApiError(400, f"cannot load {raw[:200]!r}: {_reason(err)}") from None
-        if not exists:
-            raise ApiError(404, f"nothing to load at {raw}")
-        fmt = self._format_of(path, req.format)
-        if fmt == "dir" and not path.is_dir():
-            raise ApiError(400, f"{raw} is not a folder (use format sqlite or json)")
-        store = self.store
-
-        def import_json(files: list[tuple[Path, str]]) -> int:
-            # Everything is parsed before the store is touched, then written into a copy of
-            # the store that replaces it only when the whole import succeeded.
-            parsed = []
-            for f, shown in files:
-                data = read_json(f, shown)
-                if is_plan_layout(data):
-                    parsed.append((parse_plan_pairs(data, shown), True))
-                else:
-                    parsed.append((parse_workflows(data, shown), False))
-
-            def fill(staging: MemoryStore) -> int:
-                if req.mode == "replace":  # replace the kinds being loaded, keep the others
-                    staging.clear(
-                        memories=any(not plans for _, plans in parsed),
-                        plan_pairs=any(plans for _, plans in parsed),
-                        rollouts=False,
-                    )
-                n = 0
-                for entries, plans in parsed:
-                    if plans:
-                        n += staging.import_plan_pairs(entries)
-                    else:
-                        n += len(staging.import_memories(entries, progress=True))
-                return n
-
-            return store.rebuild(fill, copy_live=True)
-
-        def work() -> int:
-            if fmt == "sqlite" or (fmt == "dir" and (path / DIR_SQLITE).is_file()):
-                if req.mode != "replace":
-                    raise MiaError("a SQLite copy can only be loaded with mode=replace")
-                src, shown = (
-                    (path / DIR_SQLITE, _shown(raw, DIR_SQLITE)) if fmt == "dir" else (path, raw)
-                )
-                store.restore(src, reembed_on_mismatch=req.reembed, shown=shown)
-                return len(store) + len(store.plan_pairs())
-            if fmt == "json":
-                return import_json([(path, raw)])
-            files = [
-                (path / n, _shown(raw, n))
-                for n in (DIR_WORKFLOWS, DIR_PLANS)
-                if (path / n).is_file()
-            ]
-            if not files:
-                raise MiaError(f"{raw} holds no {DIR_SQLITE}, {DIR_WORKFLOWS} or {DIR_PLANS}")
-            return import_json(files)
-
-        try:
-            imported = await asyncio.to_thread(work)
-        except OSError as err:
-            raise ApiError(400, f"cannot load {raw}: {_reason(err)}") from None
-        except (MiaError, ValueError, TypeError, sqlite3.Error) as err:
-            # ValueError covers text a JSON file holds that SQLite cannot store (UnicodeError).
-            raise ApiError(400, str(err) or type(err).__name__) from None
-        return S.LoadResponse(
-            format=fmt,  # type: ignore[arg-type]
-            memories=len(store),
-            plan_pairs=len(store.plan_pairs()),
-            imported=imported,
-        )
 
     async def clear(self, req: S.ClearRequest) -> S.ClearResponse:
         await asyncio.to_thread(self.store.clear, rollouts=req.rollouts)

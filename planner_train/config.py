@@ -16,6 +16,7 @@ from mia.judge import JudgeConfig
 from mia.planner.episode import PlannerEpisodeConfig
 from mia.rewards.config import PlannerRewardConfig
 from mia.rl.trainer import TrainerConfig
+from mia.roles import config as shared
 from mia.roles.common import load_role
 from mia.roles.config import PlannerServices, cpu_episode, cpu_planner_trainer
 
@@ -29,9 +30,9 @@ class PlannerTrainData:
         "reference planner parquet / JSON / JSONL; a memories_context column is used as is, "
         "else memories come from services.memory_url",
     )
-    val: str | None = option(None, "validation questions (same formats); null = none")
-    limit: int | None = option(None, "keep the first N training rows; null = all")
-    val_limit: int | None = option(None, "keep the first N validation rows; null = all")
+    val: str | None = shared.val_data()
+    limit: int | None = shared.row_limit("training")
+    val_limit: int | None = shared.row_limit("validation")
 
 
 @dataclass
@@ -42,7 +43,7 @@ class PlannerTrainConfig:
     model_path: str = option(
         "embedded", 'the Planner\'s Hugging Face folder; "embedded" = SmolLM2-135M-Instruct'
     )
-    llm: str = option("embedded", "LLM roles for LLM judges: configs/llm/<name>.yaml or a file")
+    llm: str = shared.judge_llm()
     chat_template_kwargs: dict[str, Any] = option(
         {}, "passed to the chat template, e.g. {enable_thinking: true} for Qwen3 planners"
     )
@@ -56,12 +57,8 @@ class PlannerTrainConfig:
     reward: PlannerRewardConfig = section(
         PlannerRewardConfig, "0.7 acc_after_replan + 0.2 acc_first + 0.05 format + 0.05 decision"
     )
-    judge: JudgeConfig = section(
-        JudgeConfig, "the ground-truth judge (judge=llm: the SimpleQA-style LLM judge)"
-    )
-    trainer: TrainerConfig = section(
-        lambda: cpu_planner_trainer(save_freq=10), "the GRPO trainer (python -m mia.rl's keys)"
-    )
+    judge: JudgeConfig = shared.truth_judge()
+    trainer: TrainerConfig = shared.grpo_section(cpu_planner_trainer)
 
     def validate(self) -> PlannerTrainConfig:
         PlannerEpisodeConfig.from_dict(asdict(self.episode))  # its limits are consistent

@@ -10,18 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mia.errors import MiaError
 from mia.planner.episode import PlannerEpisode
 from mia.rewards.planner import PlannerReward
-from mia.roles.common import (
-    build_judge,
-    clients,
-    resolve_model,
-    role_config,
-    role_main,
-    trainer_section,
-)
-from mia.roles.samples import load_samples
+from mia.roles.common import clients, fit_role, grpo_trainer, role_config, role_main
 from planner_train.config import PlannerTrainConfig
 
 
@@ -36,30 +27,14 @@ def make_episode(cfg: PlannerTrainConfig | Mapping[str, Any]) -> PlannerEpisode:
 def build_trainer(
     cfg: PlannerTrainConfig | Mapping[str, Any], *, generator: Any = None, judge: Any = None
 ) -> Any:
-    from mia.rl.trainer import Trainer
-
     cfg = role_config(PlannerTrainConfig, cfg, "planner_train")
-    data = cfg.data
-    if not data.train:
-        raise MiaError("set data.train=FILE (reference parquet, JSON or JSONL)")
-    train = load_samples(data.train, limit=data.limit)
-    val = load_samples(data.val, limit=data.val_limit) if data.val else None
-    judge = judge if judge is not None else build_judge(cfg.judge, cfg.llm)
-    episode = make_episode(cfg)
-    reward = PlannerReward(judge, cfg.reward)
-    section = trainer_section(cfg, resolve_model(cfg.model_path))
-    return Trainer(section, episode, reward, train, val_dataset=val, generator=generator)
+    return grpo_trainer(
+        cfg, lambda _judge: make_episode(cfg), PlannerReward, generator=generator, judge=judge
+    )
 
 
 def run(cfg: PlannerTrainConfig | Mapping[str, Any]) -> list[dict[str, Any]]:
-    trainer = build_trainer(cfg)
-    history = trainer.fit()
-    print(
-        f"planner_train: {trainer.step} steps; metrics {trainer.run_dir / 'metrics.jsonl'}; "
-        f"checkpoints {trainer.ckpt_dir}",
-        flush=True,
-    )
-    return history
+    return fit_role("planner_train", build_trainer(cfg))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,3 +23,21 @@ step() {
 wants_help() {
   case "${1:-}" in -h|--help|help) return 0 ;; *) return 1 ;; esac
 }
+
+# The training stages (train_executor.sh, train_planner.sh, ttrl.sh): CONFIG_NAME is a Hydra
+# config name of the role (empty: its default); Ray runs without its auth token and W&B offline
+# unless set.
+train_defaults() {
+  CONFIG_NAME="${CONFIG_NAME:-}"
+  export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+  export WANDB_MODE="${WANDB_MODE:-offline}"
+}
+
+# The variables a training stage's usage lists; $1: the stage's own ones, shown first.
+train_vars() {
+  cat <<VARS
+Variables (environment overrides; current values):
+  ${1:-}CONFIG_NAME=${CONFIG_NAME:-<default>} PYTHON=$PYTHON RAY_AUTH_MODE=$RAY_AUTH_MODE
+  WANDB_MODE=$WANDB_MODE HF_HUB_OFFLINE=$HF_HUB_OFFLINE; DRY_RUN=1 prints the command.
+VARS
+}

@@ -3,18 +3,14 @@
 set -euo pipefail
 . "$(dirname "$0")/_common.sh"
 
-CONFIG_NAME="${CONFIG_NAME:-}"   # a Hydra config name of executor_train; empty = its default
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-export WANDB_MODE="${WANDB_MODE:-offline}"
+train_defaults
 
 usage() {
   cat <<USAGE
 usage: scripts/train_executor.sh [hydra overrides...]
 
 Runs: python -m executor_train [--config-name CONFIG_NAME] [overrides...]
-Variables (environment overrides; current values):
-  CONFIG_NAME=${CONFIG_NAME:-<default>} PYTHON=$PYTHON RAY_AUTH_MODE=$RAY_AUTH_MODE
-  WANDB_MODE=$WANDB_MODE HF_HUB_OFFLINE=$HF_HUB_OFFLINE; DRY_RUN=1 prints the command.
+$(train_vars)
 The config and its overrides: python -m executor_train --help (Hydra). Reward weights:
 configs/reward/executor.yaml. Merge a checkpoint afterwards with scripts/merge.sh.
 USAGE

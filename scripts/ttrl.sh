@@ -6,18 +6,14 @@ set -euo pipefail
 
 MODE="${MODE:-supervised}"
 case "${1:-}" in supervised|nogt) MODE="$1"; shift ;; esac
-CONFIG_NAME="${CONFIG_NAME:-}"   # a Hydra config name of ttrl; empty = its default
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-export WANDB_MODE="${WANDB_MODE:-offline}"
+train_defaults
 
 usage() {
   cat <<USAGE
 usage: scripts/ttrl.sh [supervised|nogt] [hydra overrides...]
 
 Runs: python -m ttrl mode=MODE [--config-name CONFIG_NAME] [overrides...]
-Variables (environment overrides; current values):
-  MODE=$MODE CONFIG_NAME=${CONFIG_NAME:-<default>} PYTHON=$PYTHON RAY_AUTH_MODE=$RAY_AUTH_MODE
-  WANDB_MODE=$WANDB_MODE HF_HUB_OFFLINE=$HF_HUB_OFFLINE; DRY_RUN=1 prints the command.
+$(train_vars "MODE=$MODE ")
 Needs scripts/serve.sh and scripts/memory_serve.sh running. Reward weights:
 configs/reward/planner.yaml (supervised), configs/reward/nogt.yaml (nogt).
 USAGE

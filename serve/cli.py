@@ -6,8 +6,8 @@ import argparse
 import logging
 import sys
 
+from mia.cli_support import cli_errors, serve_app
 from mia.config import add_help_config
-from mia.errors import MiaError
 from mia.http import add_server_args
 
 from .config import ServeConfig
@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from mia.agent import build_tools
-    from mia.http import run_app, server_limits
     from mia.llm.config import build_backend
 
     from .app import ExecutorService, create_serve_app
@@ -78,25 +77,10 @@ def main(argv: list[str] | None = None) -> None:
         max_request_images=cfg.max_request_images,
     )
     app = create_serve_app(service, token=args.token, max_body_bytes=args.max_body_bytes)
-    try:
-        run_app(
-            app,
-            host=args.host,
-            port=args.port,
-            port_file=args.port_file,
-            limits=server_limits(args),
-        )
-    except OSError as err:
-        raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    serve_app(app, args)
 
 
 def run() -> None:
     """Entry point of ``python -m serve``: one line and exit 2 on a MiaError."""
-    try:
+    with cli_errors("serve"):
         main()
-    except MiaError as err:
-        print(f"serve: error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        print("serve: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None

@@ -224,3 +224,34 @@ def test_demo_bad_ttrl_override_exits_2_before_anything_runs(tmp_path: Path) -> 
         "temperature)"
     )
     assert not out.exists()
+
+
+def test_demo_config_composes_eval_and_cfg_prints_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's evaluation keys are mia eval's schema under ``eval``, with the demo's values in
+    configs/demo/default.yaml; a --config file without a defaults list builds on it; flags win;
+    ``--cfg`` prints the composed config and exits."""
+    import yaml
+
+    from mia.apps.demo import main
+    from mia.apps.demo_config import load_demo_config
+    from mia.errors import MiaError
+    from mia.eval.config import EvalConfig
+
+    assert EvalConfig().memory.plan_without_failure  # the schema default ...
+    shipped = load_demo_config(None, [])
+    assert not shipped.eval.memory.plan_without_failure  # ... and the demo's value
+    assert shipped.eval.limit == 8 and shipped.eval.modality == "text-only"
+    assert shipped.eval.judge.mode == "em"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("eval: {limit: 3}\n")
+    main(["--config", str(mine), "--workers", "2", "--cfg", "ttrl.n=3"])
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert (cfg["eval"]["limit"], cfg["eval"]["workers"], cfg["ttrl"]["n"]) == (3, 2, 3)
+    assert cfg["eval"]["policies"] == ["none", "plan_only", "mia"]
+    assert cfg["eval"]["memory"]["plan_without_failure"] is False
+    with pytest.raises(MiaError, match=r"unknown key\(s\) \['questions'\]"):
+        load_demo_config(None, ["questions=3"])
+    with pytest.raises(MiaError, match="eval.dataset and eval.services.index are the world's"):
+        load_demo_config(None, ["eval.dataset=x.jsonl"])

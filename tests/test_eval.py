@@ -605,7 +605,7 @@ def _alive(pid: int) -> bool:
 GROUP_SCRIPT = """
 import sys, time
 from pathlib import Path
-from mia.eval.services import ServiceGroup, ServiceSpec
+from mia.eval.supervisor import ServiceGroup, ServiceSpec
 work = Path(sys.argv[1])
 with ServiceGroup(work, startup_timeout_s=120) as group:
     group.start([ServiceSpec("local_search", "local_search", ["serve", "--index", sys.argv[2]])])

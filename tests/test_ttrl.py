@@ -37,7 +37,7 @@ from mia.rewards.planner import PlannerEpisodeRecord, planner_format
 from mia.roles.journal import Journal
 from ttrl.config import load_config
 from ttrl.curve import format_curve
-from ttrl.run import run_ttrl, run_ttrl_pass
+from ttrl.run import PERSIST_POINTS, run_ttrl, run_ttrl_pass
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = {f"Who founded company number {i}?": f"Founder {i}" for i in range(6)}
@@ -86,6 +86,41 @@ def _overrides(model: Path, data: Path, run_dir: Path, serve: str, memory: str) 
     ]
 
 
+# Crash injection: ``python -m ttrl ARGS`` with an ``on_persisted`` hook that SIGKILLs the process
+# at BATCH:POINT (argv[1]; POINT one of ttrl.run.PERSIST_POINTS). ttrl has no crash switch of its
+# own: the hook goes in through the CLI's ``run_ttrl``.
+KILLED_TTRL = """
+import functools, os, signal, sys
+
+import ttrl.run
+
+at, argv = sys.argv[1], sys.argv[2:]
+
+
+def kill_at(batch, point):
+    if f"{batch}:{point}" == at:
+        print(f"crash injection: SIGKILL at {at}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+ttrl.run.run_ttrl = functools.partial(ttrl.run.run_ttrl, on_persisted=kill_at)
+ttrl.run.main(argv)
+"""
+
+
+def run_killed_at(batch: int, point: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``python -m ttrl ARGS`` killed (SIGKILL) at ``point`` of ``batch``."""
+    assert point in PERSIST_POINTS
+    return subprocess.run(
+        [sys.executable, "-c", KILLED_TTRL, f"{batch}:{point}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
 @contextmanager
 def _stream(model: Path, tmp_path: Path, reply: Any) -> Iterator[tuple[list[str], Any, Any]]:
     """A labelled stream on a real memory_serve (no dedup) and a scripted Executor behind
@@ -102,15 +137,9 @@ def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: 
     run_dir = tmp_path / "run"
     with _stream(model, tmp_path, executor_reply) as (args, service, _):
         # A real SIGKILL right after batch 2's rollouts reached memory_serve's buffer.
-        proc = subprocess.run(
-            [sys.executable, "-m", "ttrl", *args, "debug.crash_at=1:after_bank_save"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        proc = run_killed_at(1, "after_bank_save", args)
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+        assert "crash injection: SIGKILL at 1:after_bank_save" in proc.stderr
         journal = Journal(run_dir / "ttrl_state")
         assert journal.next_batch == 1
         assert journal.phases(1) == {"bank_saving", "bank_saved"}
@@ -127,11 +156,16 @@ def test_kill_and_resume_without_duplicate_memory_writes(model: Path, tmp_path: 
         assert {f: f.stat().st_size for f in run_dir.rglob("*")} == files
         assert Journal(run_dir / "ttrl_state").next_batch == 1
 
-        result = run_ttrl(load_config("default", args))
+        persisted: list[tuple[int, str]] = []
+        result = run_ttrl(
+            load_config("default", args), on_persisted=lambda b, p: persisted.append((b, p))
+        )
 
         stats = service.store.stats()
         records = service.store.records()
     assert result.started_at_batch == 1 and result.batches == 3
+    # The resume finished batch 1's memory writes (its bank had landed), then ran batch 2 whole.
+    assert persisted == [(1, "after_consolidate"), *((2, p) for p in PERSIST_POINTS)]
     assert [r["batch"] for r in result.rows] == [0, 1, 2]
     assert stats["buffered_rollouts"] == 0
     assert Journal(run_dir / "ttrl_state").next_batch == 3

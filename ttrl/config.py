@@ -23,7 +23,6 @@ from mia.roles.config import PlannerServices, cpu_episode, cpu_planner_trainer
 from ttrl.rewards import MODES, NOGT_METHODS
 
 ANSWERS = ("vote", "greedy")
-CRASH_POINTS = ("after_update", "after_checkpoint", "after_bank_save", "after_consolidate")
 
 
 @dataclass
@@ -81,16 +80,6 @@ class TTRLMemory:
 
 
 @dataclass
-class DebugOptions:
-    """Crash injection for the resume tests."""
-
-    crash_at: str | None = option(
-        None, f'"BATCH:POINT" with POINT one of {list(CRASH_POINTS)}: crash there; null = never'
-    )
-    crash_mode: str = option("kill", "kill (SIGKILL) | raise (an exception; tests)")
-
-
-@dataclass
 class TTRLConfig:
     """Test-time RL (``python -m ttrl mode=supervised|nogt data.test=FILE``): per batch,
     memories -> n plans per question -> the Executor (serve) -> judge -> a GRPO step on the
@@ -113,7 +102,7 @@ class TTRLConfig:
         "the answer reported for a planned question: vote (the majority of its n sampled "
         "answers; the reference) | greedy (one more rollout whose plan is greedy, before the "
         "batch's update; reported only: neither trained on nor remembered; one more Executor "
-        "rollout per planned question; measured in docs/ttrl.md)",
+        "rollout per planned question)",
     )
     data: TTRLData = section(TTRLData, "the test stream")
     services: PlannerServices = section(
@@ -124,7 +113,6 @@ class TTRLConfig:
         cpu_episode,
         "the Planner episode (mia.planner.episode.PlannerEpisodeConfig), CPU-sized",
     )
-    debug: DebugOptions = section(DebugOptions, "crash injection (tests)")
     reward: PlannerRewardConfig = section(
         PlannerRewardConfig, "mode=supervised: 0.7 acc2 + 0.2 acc1 + 0.05 format + 0.05 decision"
     )
@@ -140,7 +128,7 @@ class TTRLConfig:
         "the GRPO trainer: batch_size questions per batch (the reference: 32), n plans per "
         "question (4); checkpoint every save_freq batches (> 1: a resume may lose up to "
         "save_freq - 1 updates, never a memory write) and after the last; keep_last 1 (resume "
-        "needs only the newest; a 135M Planner: ~1.7 GB each)",
+        "needs only the newest)",
     )
 
     def validate(self) -> TTRLConfig:

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,17 +45,16 @@ from mia.roles.journal import Journal
 from mia.roles.samples import load_samples
 from mia.roles.ttrl_memory import bank_item, check_empty_buffer, commit_batch
 from ttrl import curve
-from ttrl.config import CRASH_POINTS, TTRLConfig, load_config
+from ttrl.config import TTRLConfig, load_config
 from ttrl.rewards import PanelReward, VoteGroupReward, pending_vote
 
-log = logging.getLogger("ttrl")
+__all__ = ["PERSIST_POINTS", "TTRLResult", "TTRLRun", "run_ttrl", "run_ttrl_pass"]
 
-__all__ = ["CRASH_POINTS", "TTRLResult", "TTRLRun", "run_ttrl", "run_ttrl_pass"]
-
-
-class SimulatedCrash(BaseException):
-    """``debug.crash_at`` with ``debug.crash_mode=raise`` (tests): not an Exception, so no
-    handler on the way out mistakes it for a recoverable error."""
+# Where a batch's progress has just been made durable, in order: its GRPO step taken and its row
+# and memory bank journaled; the Planner checkpointed (save_freq batches only); the bank in
+# memory_serve's buffer; the buffer consolidated. ``TTRLRun(on_persisted=...)`` is called at each with
+# (batch, point); a kill at any of them resumes without writing a memory twice.
+PERSIST_POINTS = ("after_update", "after_checkpoint", "after_bank_save", "after_consolidate")
 
 
 @dataclass
@@ -161,6 +157,8 @@ class TTRLRun:
     composed ``configs/ttrl`` mapping, validated into one).
 
     ``generator`` / ``judge`` / ``panel`` replace what the config would build (tests, demos).
+    ``on_persisted(batch, point)``, when given, is called at each of :data:`PERSIST_POINTS`
+    (none in production; tests kill the process there to check the resume).
     """
 
     def __init__(
@@ -170,6 +168,7 @@ class TTRLRun:
         generator: Any = None,
         judge: Any = None,
         panel: Any = None,
+        on_persisted: Callable[[int, str], None] | None = None,
     ) -> None:
         self.cfg = cfg = role_config(TTRLConfig, cfg, "ttrl")
         self.mode = cfg.mode
@@ -190,8 +189,7 @@ class TTRLRun:
         self.memory_dir = self.run_dir / "memory" if cfg.memory.save else None
         self.accuracy_path = self.run_dir / "accuracy.jsonl"
         self.curve_path = self.run_dir / "accuracy.png" if cfg.plot else None
-        self.crash_at = cfg.debug.crash_at
-        self.crash_mode = cfg.debug.crash_mode
+        self.on_persisted = on_persisted
         self.judge = judge
         self.panel = panel
         self.generator = generator
@@ -206,12 +204,9 @@ class TTRLRun:
         return mia_home() / "runs" / f"ttrl-{time.strftime('%Y%m%d-%H%M%S')}"
 
     # ------------------------------------------------------------------ pieces
-    def _crash(self, point: str, batch: int) -> None:
-        if self.crash_at and str(self.crash_at) == f"{batch}:{point}":
-            log.warning("debug.crash_at=%s: crashing now", self.crash_at)
-            if self.crash_mode == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise SimulatedCrash(str(self.crash_at))
+    def _persisted(self, batch: int, point: str) -> None:
+        if self.on_persisted is not None:
+            self.on_persisted(batch, point)
 
     def _rewards(self) -> tuple[Any, Any]:
         cfg = self.cfg
@@ -285,9 +280,8 @@ class TTRLRun:
         self, batch: list[dict[str, Any]]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(planned, answered alone): with ``memory.plan_without_failure=false`` the Planner
-        plans only where memory shows a similar question failing; elsewhere memory says the
-        Executor answers such questions alone, and a plan there only costs it
-        (docs/results.md, "Plans only where memory shows a failure")."""
+        plans only the questions whose memories show a similar question failing; the Executor
+        answers the others alone."""
         if self.cfg.memory.plan_without_failure:
             return batch, []
         planned = [s for s in batch if s["memory_failed"]]
@@ -403,7 +397,7 @@ class TTRLRun:
             payload,
             eval_dir=self.eval_dir,
             save_path=str(self.memory_dir) if self.memory_dir is not None else None,
-            crash=lambda point: self._crash(point, batch),
+            crash=lambda point: self._persisted(batch, point),
         )
         row = {**payload["row"], **info}
         row["memories"] = int(self.memory.stats_sync().get("memories", 0))
@@ -425,131 +419,23 @@ class TTRLRun:
 
     # ------------------------------------------------------------------ the pass
     def run(self) -> TTRLResult:
-        from mia.rl.checkpoint import latest_checkpoint
-
+        """Start the pass in run_dir, or resume the one its journal holds, and run every batch
+        left."""
         trainer = self._trainer()
-        metrics: list[dict[str, Any]] = []
         try:
             # Whether this run_dir may be (re)entered at all is the journal's to say: asked
             # before the trainer loads the Planner and its generator.
-            fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n, self.cfg)
-            state = self.journal.load()
-            if state and state.get("fingerprint") != fp:
-                raise MiaError(
-                    f"{self.run_dir} holds a TTRL run over other data, batch or memory "
-                    "settings; use another run_dir"
-                )
-            if state and not trainer.cfg.resume:
-                raise MiaError(
-                    f"{self.run_dir} holds a TTRL run; resume=true continues it, or use "
-                    "another run_dir"
-                )
+            fp, state = self._admit(trainer)
             with trainer:
-                ckpt = latest_checkpoint(trainer.ckpt_dir) if trainer.cfg.resume else None
-                ckpt_batch = self._checkpoint_batch(trainer, ckpt) if ckpt is not None else 0
-                nb = self.journal.next_batch
-                started = nb
-                if not state:
-                    check_empty_buffer(self.memory)  # type: ignore[arg-type]
-                    self.journal.save(fingerprint=fp, next_batch=0, batches=self.n_batches)
-                pending = self.journal.pending(nb)
-                if pending is not None:
-                    if self.journal.phases(nb) or ckpt_batch > nb:
-                        trainer.note(f"resuming: finishing the memory writes of batch {nb + 1}")
-                        self._commit(trainer, nb, pending)
-                        nb += 1
-                    else:  # its update was lost: roll it out again (same seeds)
-                        self.journal.drop(nb)
-                if ckpt_batch > nb:
-                    raise MiaError(
-                        f"checkpoint of batch {ckpt_batch} is ahead of the journal (batch {nb}): "
-                        f"{self.journal.root} was removed or belongs to another run"
-                    )
-                if ckpt_batch < nb:
-                    trainer.note(
-                        f"resuming at batch {nb + 1}: Planner weights from batch {ckpt_batch} (the "
-                        f"updates of batches {ckpt_batch + 1}..{nb} were not checkpointed; their "
-                        "memories are kept)"
-                    )
-                elif nb:
-                    trainer.note(f"resuming at batch {nb + 1}/{self.n_batches}")
-                for b in range(nb, self.n_batches):
-                    t0 = time.perf_counter()
-                    lo = b * self.batch_size
-                    batch = self._with_memories(self.samples[lo : lo + self.batch_size])
-                    planned, alone = self._gate(batch)
-                    results = trainer.collect(planned, tag=f"b{b}") if planned else []
-                    # answer=greedy: the answer reported for a planned question comes from one
-                    # more rollout with a greedy plan, collected before the update (it must not
-                    # have learnt from this batch's verdicts); the sampled ones train the
-                    # Planner and go to memory, this one only answers.
-                    answered = (
-                        trainer.collect(
-                            planned, n=1, sampling={"temperature": 0.0}, tag=f"answer-b{b}"
-                        )
-                        if planned and self.cfg.answer == "greedy"
-                        else []
-                    )
-                    # Unlogged: its row is logged below with the ttrl/* keys of the batch.
-                    step_metrics = trainer.learn(results, log=False) if results else {}
-                    alone_results = (
-                        trainer.collect(
-                            alone,
-                            n=self.cfg.memory.alone_samples,
-                            tag=f"alone-b{b}",
-                            episode=self.alone_episode,
-                        )
-                        if alone
-                        else []
-                    )
-                    results += alone_results
-                    # Without ground truth (the vote) an unplanned question whose Executor
-                    # answers disagree is remembered as a failure, its majority still answering
-                    # it: their doubt is the only sign of one, and memory keeps one memory per
-                    # question, so a losing answer stored beside the winner would be dropped
-                    # and the gate would never plan.
-                    doubted = (
-                        _doubted_groups(alone_results)
-                        if self.mode == "nogt" and self.method == "vote"
-                        else set()
-                    )
-                    # Whether the Planner moved: None without a step (no question planned),
-                    # False when the trainer skipped it (every group tied: no signal).
-                    updated = bool(step_metrics.get("actor/updates")) if planned else None
-                    row, bank = self._row(
-                        trainer,
-                        b,
-                        batch,
-                        results,
-                        time.perf_counter() - t0,
-                        len(planned),
-                        updated,
-                        answered,
-                        doubted,
-                    )
-                    self.journal.write_pending(b, {"row": row, "bank": bank})
-                    self._crash("after_update", b)
-                    last = b == self.n_batches - 1
-                    if self.save_every > 0 and ((b + 1) % self.save_every == 0 or last):
-                        trainer.save_checkpoint({"ttrl_batch": b + 1})
-                        self._crash("after_checkpoint", b)
-                    full = self._commit(trainer, b, self.journal.pending(b) or {})
-                    ttrl_metrics = {
-                        f"ttrl/{k}": v
-                        for k, v in full.items()
-                        if isinstance(v, int | float) and not isinstance(v, bool)
-                    }
-                    merged = {**step_metrics, **ttrl_metrics}
-                    trainer.log_metrics(merged)
-                    metrics.append({"step": trainer.step, **merged})
+                started, first = self._resume(trainer, fp, state)
+                metrics = [self._run_batch(trainer, b) for b in range(first, self.n_batches)]
         finally:
             # The sync pools of the orchestration calls (the async ones close with the trainer).
             self.memory.close()  # type: ignore[union-attr]
             self.executor.close()
-        rows = curve.read_rows(self.accuracy_path)
         return TTRLResult(
             run_dir=self.run_dir,
-            rows=rows,
+            rows=curve.read_rows(self.accuracy_path),
             accuracy_path=self.accuracy_path,
             curve_path=self.curve_path,
             memory_dir=self.memory_dir,
@@ -558,6 +444,129 @@ class TTRLRun:
             started_at_batch=started,
             metrics=metrics,
         )
+
+    def _admit(self, trainer: Trainer) -> tuple[str, dict[str, Any]]:
+        """(this run's fingerprint, the journal's state: empty for a new run). Refuses a run_dir
+        holding a run over other data, batches or memory settings, and any run without
+        ``resume=true``."""
+        fp = _fingerprint(self.samples, self.batch_size, trainer.cfg.n, self.cfg)
+        state = self.journal.load()
+        if state and state.get("fingerprint") != fp:
+            raise MiaError(
+                f"{self.run_dir} holds a TTRL run over other data, batch or memory "
+                "settings; use another run_dir"
+            )
+        if state and not trainer.cfg.resume:
+            raise MiaError(
+                f"{self.run_dir} holds a TTRL run; resume=true continues it, or use another run_dir"
+            )
+        return fp, state
+
+    def _resume(self, trainer: Trainer, fp: str, state: dict[str, Any]) -> tuple[int, int]:
+        """(the batch the journal resumes at, the first batch to roll out). A new run starts
+        its journal (memory_serve's buffer must be empty); a resumed one finishes the memory
+        writes of a batch whose update survived (it began them, or a checkpoint holds it) and
+        drops one whose update was lost, to roll it out again with the same seeds."""
+        from mia.rl.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(trainer.ckpt_dir) if trainer.cfg.resume else None
+        ckpt_batch = self._checkpoint_batch(trainer, ckpt) if ckpt is not None else 0
+        nb = started = self.journal.next_batch
+        if not state:
+            check_empty_buffer(self.memory)  # type: ignore[arg-type]
+            self.journal.save(fingerprint=fp, next_batch=0, batches=self.n_batches)
+        pending = self.journal.pending(nb)
+        if pending is not None:
+            if self.journal.phases(nb) or ckpt_batch > nb:
+                trainer.note(f"resuming: finishing the memory writes of batch {nb + 1}")
+                self._commit(trainer, nb, pending)
+                nb += 1
+            else:  # its update was lost: roll it out again (same seeds)
+                self.journal.drop(nb)
+        if ckpt_batch > nb:
+            raise MiaError(
+                f"checkpoint of batch {ckpt_batch} is ahead of the journal (batch {nb}): "
+                f"{self.journal.root} was removed or belongs to another run"
+            )
+        if ckpt_batch < nb:
+            trainer.note(
+                f"resuming at batch {nb + 1}: Planner weights from batch {ckpt_batch} (the "
+                f"updates of batches {ckpt_batch + 1}..{nb} were not checkpointed; their "
+                "memories are kept)"
+            )
+        elif nb:
+            trainer.note(f"resuming at batch {nb + 1}/{self.n_batches}")
+        return started, nb
+
+    def _run_batch(self, trainer: Trainer, b: int) -> dict[str, Any]:
+        """Batch ``b``: its rollouts and GRPO step, journaled, then the Planner checkpoint
+        (every save_freq batches and after the last) and the memory writes; returns the
+        metrics it logged."""
+        step_metrics, payload = self._learn_batch(trainer, b)
+        self.journal.write_pending(b, payload)
+        self._persisted(b, "after_update")
+        last = b == self.n_batches - 1
+        if self.save_every > 0 and ((b + 1) % self.save_every == 0 or last):
+            trainer.save_checkpoint({"ttrl_batch": b + 1})
+            self._persisted(b, "after_checkpoint")
+        full = self._commit(trainer, b, self.journal.pending(b) or {})
+        ttrl_metrics = {
+            f"ttrl/{k}": v
+            for k, v in full.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        merged = {**step_metrics, **ttrl_metrics}
+        trainer.log_metrics(merged)
+        return {"step": trainer.step, **merged}
+
+    def _learn_batch(self, trainer: Trainer, b: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Batch ``b`` up to its memory writes: memories, the rollouts (planned and alone),
+        their judging and the GRPO step. Returns (the step's metrics, the journal payload: the
+        batch's accuracy row and its memory bank)."""
+        t0 = time.perf_counter()
+        lo = b * self.batch_size
+        batch = self._with_memories(self.samples[lo : lo + self.batch_size])
+        planned, alone = self._gate(batch)
+        results = trainer.collect(planned, tag=f"b{b}") if planned else []
+        # answer=greedy: the answer reported for a planned question comes from one more
+        # rollout with a greedy plan, collected before the update (it must not have learnt
+        # from this batch's verdicts); the sampled ones train the Planner and go to memory,
+        # this one only answers.
+        answered = (
+            trainer.collect(planned, n=1, sampling={"temperature": 0.0}, tag=f"answer-b{b}")
+            if planned and self.cfg.answer == "greedy"
+            else []
+        )
+        # Unlogged: its row is logged by _run_batch with the ttrl/* keys of the batch.
+        step_metrics = trainer.learn(results, log=False) if results else {}
+        alone_results = (
+            trainer.collect(
+                alone,
+                n=self.cfg.memory.alone_samples,
+                tag=f"alone-b{b}",
+                episode=self.alone_episode,
+            )
+            if alone
+            else []
+        )
+        results += alone_results
+        # Without ground truth (the vote) an unplanned question whose Executor answers disagree
+        # is remembered as a failure, its majority still answering it: their doubt is the only
+        # sign of one, and memory keeps one memory per question, so a losing answer stored
+        # beside the winner would be dropped and the gate would never plan.
+        doubted = (
+            _doubted_groups(alone_results)
+            if self.mode == "nogt" and self.method == "vote"
+            else set()
+        )
+        # Whether the Planner moved: None without a step (no question planned), False when the
+        # trainer skipped it (every group tied: no signal).
+        updated = bool(step_metrics.get("actor/updates")) if planned else None
+        seconds = time.perf_counter() - t0
+        row, bank = self._row(
+            trainer, b, batch, results, seconds, len(planned), updated, answered, doubted
+        )
+        return step_metrics, {"row": row, "bank": bank}
 
 
 def run_ttrl(cfg: TTRLConfig | Mapping[str, Any], **kwargs: Any) -> TTRLResult:

@@ -34,9 +34,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from mia.cli_support import cli_errors, serve_app
 from mia.config import add_help_config, load_dict, resolve_path, to_dict
 from mia.errors import MiaError
-from mia.http import ApiError, add_server_args, create_app, run_app, server_limits
+from mia.http import ApiError, add_server_args, create_app
 from mia.judge import JudgeConfig
 from mia.judge.base import Judge, JudgeError
 from mia.paths import config_dir, mia_home
@@ -356,27 +357,14 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     try:
-        run_app(
-            app,
-            host=args.host,
-            port=args.port,
-            port_file=args.port_file,
-            limits=server_limits(args),
-        )
-    except OSError as err:
-        raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+        serve_app(app, args)
     finally:
         store.close()
 
 
 def run() -> None:
-    try:
+    with cli_errors("reward_server", interrupted=False):
         main()
-    except MiaError as err:
-        print(f"reward_server: error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from mia.cli_support import cli_errors, serve_app
 from mia.config import add_help_config, to_yaml
 from mia.errors import MiaError
 from mia.http import (
@@ -57,8 +58,6 @@ from mia.http import (
     ApiError,
     add_server_args,
     create_app,
-    run_app,
-    server_limits,
 )
 from mia.planner.episode import PlannerEpisode
 from mia.rewards.planner import PlannerReward, RemoteReward
@@ -507,27 +506,14 @@ def main(argv: list[str] | None = None) -> None:
     server = StreamingServer(cfg).start()
     app = create_streaming_app(server, token=args.token, max_body_bytes=args.max_body_bytes)
     try:
-        run_app(
-            app,
-            host=args.host,
-            port=args.port,
-            port_file=args.port_file,
-            limits=server_limits(args),
-        )
-    except OSError as err:
-        raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+        serve_app(app, args)
     finally:
         server.close()
 
 
 def run() -> None:
-    try:
+    with cli_errors("ttrl_streaming.server", interrupted=False):
         main()
-    except MiaError as err:
-        print(f"ttrl_streaming.server: error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ import argparse
 import logging
 import os
 
-from mia.config import add_help_config, help_config
-from mia.errors import MiaError
-from mia.http import add_server_args, run_app, server_limits
+from mia.cli_support import dispatch, serve_app
+from mia.config import add_help_config
+from mia.http import add_server_args
 from web_tools.config import WebToolsConfig, load_config
 
 
@@ -124,25 +124,18 @@ def serve(argv: list[str]) -> None:
             "SERPER_KEY_ID is not set: engine serper answers 503 except for cached queries"
         )
     app = build_app(config, serper_key=key, token=args.token, max_body_bytes=args.max_body_bytes)
-    try:
-        run_app(app, args.host, args.port, args.port_file, limits=server_limits(args))
-    except OSError as err:
-        raise MiaError(f"cannot listen on {args.host}:{args.port}: {err.strerror}") from None
+    serve_app(app, args)
 
 
 COMMANDS = {"serve": serve}
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(
-            "usage: python -m web_tools serve [options]   (serve --help for options; "
-            "--help-config lists the --config keys)"
-        )
-        raise SystemExit(0 if argv else 2)
-    if argv[0] == "--help-config":
-        print(help_config(WebToolsConfig))
-        raise SystemExit(0)
-    if argv[0] not in COMMANDS:
-        raise MiaError(f"unknown command {argv[0]!r} (try: {', '.join(COMMANDS)})")
-    COMMANDS[argv[0]](argv[1:])
+    dispatch(
+        argv,
+        COMMANDS,
+        usage="usage: python -m web_tools serve [options]   (serve --help for options; "
+        "--help-config lists the --config keys)",
+        schema=WebToolsConfig,
+        known=f"try: {', '.join(COMMANDS)}",
+    )

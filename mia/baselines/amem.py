@@ -20,14 +20,11 @@ from typing import Any
 from mia.baselines.base import (
     Finished,
     Item,
-    ItemStore,
-    LLMCaller,
     Retrieval,
     StoreMemory,
     WriteResult,
-    query_text,
+    caption_line,
     str_list,
-    unique,
 )
 from mia.baselines.config import AMemConfig
 
@@ -67,9 +64,8 @@ CONTEXT_HEADER = "# Notes from earlier questions"
 
 
 def note_content(item: Finished, trace: str) -> str:
-    caption = f"\nImage caption: {item.image_caption}" if item.image_caption else ""
     return (
-        f"Question: {item.question}{caption}\nOutcome: {item.outcome}\n"
+        f"Question: {item.question}{caption_line(item.image_caption)}\nOutcome: {item.outcome}\n"
         f"Final answer: {item.answer}\nTrace:\n{trace}"
     )
 
@@ -94,22 +90,12 @@ def format_note(item: Item) -> str:
     )
 
 
-class AMemMemory(StoreMemory):
+class AMemMemory(StoreMemory[AMemConfig]):
     name = "amem"
     planner = False
     kinds = (KIND,)
 
-    def __init__(
-        self, store: ItemStore, llm: LLMCaller, cfg: AMemConfig, trace_max_chars: int = 4000
-    ) -> None:
-        super().__init__(store, llm, trace_max_chars)
-        self.cfg = cfg
-
-    async def retrieve(self, question: str, image_caption: str = "") -> Retrieval:
-        vec = await self.embed1(query_text(question, image_caption))
-        hits = [it for it, _ in self.store.search(KIND, vec, self.cfg.top_k)]
-        if not hits:
-            return Retrieval("")
+    def show(self, hits: list[Item]) -> Retrieval:
         shown = list(hits)
         if self.cfg.follow_links:
             linked = 0
@@ -128,7 +114,7 @@ class AMemMemory(StoreMemory):
                 (it.data["retrieval_count"], it.id),
             )
         context = "\n\n".join([CONTEXT_HEADER, *(format_note(it) for it in shown)])
-        return Retrieval(context, [it.id for it in shown], unique(it.origin for it in shown))
+        return Retrieval.of(context, shown)
 
     async def analyse(self, content: str) -> dict[str, Any]:
         reply = await self.llm.json(ANALYSE_PROMPT.format(content=content))
@@ -170,10 +156,7 @@ class AMemMemory(StoreMemory):
             edits = self._evolve(data, neighbours, evolution)
             vecs = await self.store.embed([embed_text(n.text, d) for n, d in edits])
             vec = await self.embed1(embed_text(content, data))  # tags may have changed
-            junk = self.llm.junk - junk0
-            with self.store.transaction(item) as tx:
-                if junk:
-                    tx.count("junk", junk)
+            with self.transaction(item, self.llm.junk - junk0) as tx:
                 tx.add(KIND, content, vec, data)
                 tx.count("ADD")
                 if data["links"]:
@@ -181,7 +164,7 @@ class AMemMemory(StoreMemory):
                 for (n, d), v in zip(edits, vecs, strict=True):
                     tx.update(n.id, data=d, vec=v, origin=False)
                     tx.count("EVOLVE")
-            return WriteResult(tx.write_id, dict(tx.ops), junk)
+            return tx.result()
 
     def _evolve(
         self, data: dict[str, Any], neighbours: list[Item], evo: dict[str, Any]

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,11 @@ class Retrieval:
     context: str
     item_ids: list[int] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, context: str, shown: Sequence[Item]) -> Retrieval:
+        """``context`` made of the ``shown`` items: their ids, and the writes they came from."""
+        return cls(context, [it.id for it in shown], unique(it.origin for it in shown))
 
 
 @dataclass
@@ -139,6 +144,11 @@ def str_list(value: Any) -> list[str]:
     if not isinstance(value, list):
         return []
     return [str(v).strip() for v in value if isinstance(v, str | int | float) and str(v).strip()]
+
+
+def caption_line(image_caption: str) -> str:
+    """The ``Image caption: ...`` line a prompt shows after the question ('' for none)."""
+    return f"\nImage caption: {image_caption}" if image_caption else ""
 
 
 def cut(text: str, limit: int) -> str:
@@ -232,6 +242,10 @@ class Tx:
 
     def count(self, op: str, n: int = 1) -> None:
         self.ops[op] = self.ops.get(op, 0) + n
+
+    def result(self) -> WriteResult:
+        """What the write answers: its id, its edits and its junk replies."""
+        return WriteResult(self.write_id, dict(self.ops), self.ops.get("junk", 0))
 
     def add(self, kind: str, text: str, vec: np.ndarray, data: dict[str, Any] | None = None) -> int:
         now = time.time()
@@ -398,16 +412,23 @@ class ItemStore:
         self.con.close()
 
 
-class StoreMemory:
-    """Shared plumbing of the baselines: the store, the LLM caller, the trace cut."""
+C = TypeVar("C")
+
+
+class StoreMemory(Generic[C]):
+    """Shared plumbing of the baselines: the store, the LLM caller, the baseline's own config
+    section (``cfg``), the trace cut, and the steps every retrieve and write take."""
 
     name = "baseline"
     planner = False
     kinds: tuple[str, ...] = ()
 
-    def __init__(self, store: ItemStore, llm: LLMCaller, trace_max_chars: int = 4000) -> None:
+    def __init__(
+        self, store: ItemStore, llm: LLMCaller, cfg: C, trace_max_chars: int = 4000
+    ) -> None:
         self.store = store
         self.llm = llm
+        self.cfg = cfg
         self.trace_max_chars = trace_max_chars
 
     def find(self, data_ids: Sequence[str], source: str) -> dict[str, int]:
@@ -437,8 +458,59 @@ class StoreMemory:
     def trace_text(self, item: Finished) -> str:
         return cut(item.trace, self.trace_max_chars)
 
+    async def retrieve(self, question: str, image_caption: str = "") -> Retrieval:
+        """The ``cfg.top_k`` items of the baseline's kind nearest to the question (scoring at
+        least ``cfg.min_score`` where the config has one), laid out by :meth:`show`; an empty
+        context when there are none. (ExpeL, with two kinds, retrieves its own way.)"""
+        hits = await self.nearest(
+            self.kinds[0],
+            question,
+            image_caption,
+            self.cfg.top_k,  # type: ignore[attr-defined]
+            min_score=getattr(self.cfg, "min_score", None),
+        )
+        return self.show(hits) if hits else Retrieval("")
+
+    def show(self, hits: list[Item]) -> Retrieval:
+        """The context of the retrieved items (most similar first)."""
+        raise NotImplementedError
+
     async def embed1(self, text: str) -> np.ndarray:
         return (await self.store.embed([text]))[0]
+
+    async def nearest(
+        self,
+        kind: str,
+        question: str,
+        image_caption: str,
+        k: int,
+        *,
+        min_score: float | None = None,
+        where: Any = None,
+    ) -> list[Item]:
+        """The ``k`` items of ``kind`` nearest to a question (:meth:`ItemStore.search`)."""
+        vec = await self.embed1(query_text(question, image_caption))
+        hits = self.store.search(kind, vec, k, min_score=min_score, where=where)
+        return [it for it, _ in hits]
+
+    async def embed_texts(
+        self, entries: Sequence[dict[str, Any]]
+    ) -> tuple[list[str], dict[str, np.ndarray]]:
+        """The stripped ``text`` of each LLM edit ('' for none) and the embedding of each
+        non-empty one, computed before the write's transaction opens."""
+        texts = [str(e.get("text") or "").strip() for e in entries]
+        given = [t for t in texts if t]
+        vecs = await self.store.embed(given)
+        return texts, dict(zip(given, vecs, strict=True))
+
+    @contextmanager
+    def transaction(self, item: Finished, junk: int = 0) -> Iterator[Tx]:
+        """:meth:`ItemStore.transaction` for ``item`` with its ``junk`` replies counted;
+        ``tx.result()`` after the block is the write's answer."""
+        with self.store.transaction(item) as tx:
+            if junk:
+                tx.count("junk", junk)
+            yield tx
 
 
 def query_text(question: str, image_caption: str = "") -> str:
@@ -464,6 +536,7 @@ __all__ = [
     "Retrieval",
     "StoreMemory",
     "WriteResult",
+    "caption_line",
     "cut",
     "parse_json",
     "query_text",

@@ -23,15 +23,12 @@ from typing import Any
 from mia.baselines.base import (
     Finished,
     Item,
-    ItemStore,
-    LLMCaller,
     Retrieval,
     StoreMemory,
     WriteResult,
     cut,
     parse_json,
     query_text,
-    unique,
 )
 from mia.baselines.config import ExpelConfig
 
@@ -87,16 +84,10 @@ def format_attempt(label: str, it: Item, trace_max_chars: int) -> str:
     )
 
 
-class ExpelMemory(StoreMemory):
+class ExpelMemory(StoreMemory[ExpelConfig]):
     name = "expel"
     planner = True
     kinds = (TRAJ, INSIGHT)
-
-    def __init__(
-        self, store: ItemStore, llm: LLMCaller, cfg: ExpelConfig, trace_max_chars: int = 4000
-    ) -> None:
-        super().__init__(store, llm, trace_max_chars)
-        self.cfg = cfg
 
     def insights(self) -> list[Item]:
         """The insight list, most important first (then oldest)."""
@@ -108,13 +99,13 @@ class ExpelMemory(StoreMemory):
         rules = self.insights()
         examples = []
         if self.cfg.examples_k:
-            vec = await self.embed1(query_text(question, image_caption))
-            examples = [
-                it
-                for it, _ in self.store.search(
-                    TRAJ, vec, self.cfg.examples_k, where=lambda it: bool(it.data.get("correct"))
-                )
-            ]
+            examples = await self.nearest(
+                TRAJ,
+                question,
+                image_caption,
+                self.cfg.examples_k,
+                where=lambda it: bool(it.data.get("correct")),
+            )
         if not rules and not examples:
             return Retrieval("")
         parts = []
@@ -128,10 +119,7 @@ class ExpelMemory(StoreMemory):
                 for i, it in enumerate(examples, 1)
             ]
             parts.append("\n\n".join([EXAMPLES_HEADER, *blocks]))
-        shown = rules + examples
-        return Retrieval(
-            "\n\n".join(parts), [it.id for it in shown], unique(it.origin for it in shown)
-        )
+        return Retrieval.of("\n\n".join(parts), rules + examples)
 
     def _compare_with(self, item: Finished, vec: Any) -> tuple[str, list[Item]]:
         k = self.cfg.compare_k
@@ -174,18 +162,13 @@ class ExpelMemory(StoreMemory):
                 if parsed is None:
                     self.llm.junk += 1
                 ops = parsed or []
-            texts = [str(o.get("text") or "").strip() for o in ops]
-            vecs = await self.store.embed([t for t in texts if t])
-            vec_of = dict(zip([t for t in texts if t], vecs, strict=True))
-            junk = self.llm.junk - junk0
-            with self.store.transaction(item) as tx:
-                if junk:
-                    tx.count("junk", junk)
+            texts, vec_of = await self.embed_texts(ops)
+            with self.transaction(item, self.llm.junk - junk0) as tx:
                 tx.add(
                     TRAJ, query_text(item.question, item.image_caption), vec, self._traj_data(item)
                 )
                 self._apply(tx, rules, ops, texts, vec_of)
-            return WriteResult(tx.write_id, dict(tx.ops), junk)
+            return tx.result()
 
     def _traj_data(self, item: Finished) -> dict[str, Any]:
         return {

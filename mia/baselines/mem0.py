@@ -20,12 +20,11 @@ from typing import Any
 
 from mia.baselines.base import (
     Finished,
-    ItemStore,
-    LLMCaller,
+    Item,
     Retrieval,
     StoreMemory,
     WriteResult,
-    query_text,
+    caption_line,
     str_list,
     unique,
 )
@@ -74,33 +73,19 @@ def fact_hash(text: str) -> str:
     return hashlib.md5(text.strip().lower().encode()).hexdigest()
 
 
-class Mem0Memory(StoreMemory):
+class Mem0Memory(StoreMemory[Mem0Config]):
     name = "mem0"
     planner = False
     kinds = (KIND,)
 
-    def __init__(
-        self, store: ItemStore, llm: LLMCaller, cfg: Mem0Config, trace_max_chars: int = 4000
-    ) -> None:
-        super().__init__(store, llm, trace_max_chars)
-        self.cfg = cfg
-
-    async def retrieve(self, question: str, image_caption: str = "") -> Retrieval:
-        vec = await self.embed1(query_text(question, image_caption))
-        hits = self.store.search(KIND, vec, self.cfg.top_k, min_score=self.cfg.min_score)
-        if not hits:
-            return Retrieval("")
-        lines = [CONTEXT_HEADER, *(f"- {it.text}" for it, _ in hits)]
-        return Retrieval(
-            "\n".join(lines), [it.id for it, _ in hits], unique(it.origin for it, _ in hits)
-        )
+    def show(self, hits: list[Item]) -> Retrieval:
+        return Retrieval.of("\n".join([CONTEXT_HEADER, *(f"- {it.text}" for it in hits)]), hits)
 
     async def extract(self, item: Finished) -> list[str]:
-        caption = f"\nImage caption: {item.image_caption}" if item.image_caption else ""
         reply = await self.llm.json(
             EXTRACT_PROMPT.format(
                 question=item.question,
-                caption=caption,
+                caption=caption_line(item.image_caption),
                 answer=item.answer,
                 outcome=item.outcome,
                 trace=self.trace_text(item),
@@ -136,13 +121,8 @@ class Mem0Memory(StoreMemory):
                 events = (
                     [e for e in memory if isinstance(e, dict)] if isinstance(memory, list) else []
                 )
-            texts = [str(e.get("text") or "").strip() for e in events]
-            new_vecs = await self.store.embed([t for t in texts if t])
-            vec_of = dict(zip([t for t in texts if t], new_vecs, strict=True))
-            junk = self.llm.junk - junk0
-            with self.store.transaction(item) as tx:
-                if junk:
-                    tx.count("junk", junk)
+            texts, vec_of = await self.embed_texts(events)
+            with self.transaction(item, self.llm.junk - junk0) as tx:
                 if not events:
                     tx.count("NOOP")
                 seen_hashes = {it.data.get("hash") for it in self.store.items(KIND)}
@@ -177,4 +157,4 @@ class Mem0Memory(StoreMemory):
                         tx.count("NOOP")
                     else:  # unknown event, unknown id or no text: nothing happens
                         tx.count("invalid")
-            return WriteResult(tx.write_id, dict(tx.ops), junk)
+            return tx.result()

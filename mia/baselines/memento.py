@@ -14,13 +14,11 @@ from __future__ import annotations
 from mia.baselines.base import (
     Finished,
     Item,
-    ItemStore,
-    LLMCaller,
     Retrieval,
     StoreMemory,
     WriteResult,
+    caption_line,
     query_text,
-    unique,
 )
 from mia.baselines.config import MementoConfig
 from mia.prompts import manager as M
@@ -32,7 +30,7 @@ INCORRECT_HEADER = "## Incorrect plans from similar past questions ({n})"
 
 def format_case(i: int, it: Item) -> str:
     d = it.data
-    caption = f"\nImage caption: {d['image_caption']}" if d.get("image_caption") else ""
+    caption = caption_line(d.get("image_caption") or "")
     return (
         f"### Case {i} (reward {d.get('reward', 0)})\nQuestion: {d.get('question', '')}{caption}\n"
         f"Plan:\n{d.get('plan', '') or '(no plan)'}"
@@ -49,34 +47,23 @@ def section(header: str, cases: list[Item]) -> str:
     )
 
 
-class MementoMemory(StoreMemory):
+class MementoMemory(StoreMemory[MementoConfig]):
     name = "memento"
     planner = True
     kinds = (KIND,)
 
-    def __init__(
-        self, store: ItemStore, llm: LLMCaller, cfg: MementoConfig, trace_max_chars: int = 4000
-    ) -> None:
-        super().__init__(store, llm, trace_max_chars)
-        self.cfg = cfg
-
-    async def retrieve(self, question: str, image_caption: str = "") -> Retrieval:
-        vec = await self.embed1(query_text(question, image_caption))
-        hits = [it for it, _ in self.store.search(KIND, vec, self.cfg.top_k)]
-        if not hits:
-            return Retrieval("")
+    def show(self, hits: list[Item]) -> Retrieval:
         good = [it for it in hits if it.data.get("reward") == 1]
         bad = [it for it in hits if it.data.get("reward") != 1]
         context = "\n\n".join(
             [M.CONTEXT_HEADER, section(CORRECT_HEADER, good), section(INCORRECT_HEADER, bad)]
         )
-        shown = good + bad
-        return Retrieval(context, [it.id for it in shown], unique(it.origin for it in shown))
+        return Retrieval.of(context, good + bad)
 
     async def write(self, item: Finished) -> WriteResult:
         async with self.store.write_lock:
             vec = await self.embed1(query_text(item.question, item.image_caption))
-            with self.store.transaction(item) as tx:
+            with self.transaction(item) as tx:
                 tx.add(
                     KIND,
                     query_text(item.question, item.image_caption),
@@ -90,4 +77,4 @@ class MementoMemory(StoreMemory):
                     },
                 )
                 tx.count("ADD")
-            return WriteResult(tx.write_id, dict(tx.ops), 0)
+            return tx.result()

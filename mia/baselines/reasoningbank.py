@@ -19,14 +19,13 @@ from typing import Any
 
 from mia.baselines.base import (
     Finished,
-    ItemStore,
-    LLMCaller,
+    Item,
     Retrieval,
     StoreMemory,
     WriteResult,
+    caption_line,
     parse_json,
     query_text,
-    unique,
 )
 from mia.baselines.config import ReasoningBankConfig
 
@@ -90,44 +89,25 @@ def parse_items(text: str) -> list[dict[str, str]] | None:
     return items or None
 
 
-class ReasoningBankMemory(StoreMemory):
+class ReasoningBankMemory(StoreMemory[ReasoningBankConfig]):
     name = "reasoningbank"
     planner = False
     kinds = (KIND,)
 
-    def __init__(
-        self,
-        store: ItemStore,
-        llm: LLMCaller,
-        cfg: ReasoningBankConfig,
-        trace_max_chars: int = 4000,
-    ) -> None:
-        super().__init__(store, llm, trace_max_chars)
-        self.cfg = cfg
-
-    async def retrieve(self, question: str, image_caption: str = "") -> Retrieval:
-        vec = await self.embed1(query_text(question, image_caption))
-        hits = [it for it, _ in self.store.search(KIND, vec, self.cfg.top_k)]
-        if not hits:
-            return Retrieval("")
+    def show(self, hits: list[Item]) -> Retrieval:
         blocks = [
             f"## {it.data['title']}\n{it.data['description']}\n{it.data['content']}" for it in hits
         ]
-        return Retrieval(
-            "\n\n".join([CONTEXT_HEADER, *blocks]),
-            [it.id for it in hits],
-            unique(it.origin for it in hits),
-        )
+        return Retrieval.of("\n\n".join([CONTEXT_HEADER, *blocks]), hits)
 
     async def write(self, item: Finished) -> WriteResult:
         async with self.store.write_lock:
             prompt = SUCCESS_PROMPT if item.correct else FAILURE_PROMPT
-            caption = f"\nImage caption: {item.image_caption}" if item.image_caption else ""
             text = await self.llm.text(
                 prompt.format(
                     n=self.cfg.max_items,
                     question=item.question,
-                    caption=caption,
+                    caption=caption_line(item.image_caption),
                     answer=item.answer,
                     trace=self.trace_text(item),
                 )
@@ -139,9 +119,8 @@ class ReasoningBankMemory(StoreMemory):
                 junk = 1
             query = query_text(item.question, item.image_caption)
             vec = await self.embed1(query)
-            with self.store.transaction(item) as tx:
+            with self.transaction(item, junk) as tx:
                 if junk:
-                    tx.count("junk", junk)
                     tx.count("NOOP")
                 for it in (items or [])[: self.cfg.max_items]:
                     data: dict[str, Any] = {
@@ -152,4 +131,4 @@ class ReasoningBankMemory(StoreMemory):
                     }
                     tx.add(KIND, it["title"], vec, data)
                     tx.count("ADD")
-            return WriteResult(tx.write_id, dict(tx.ops), junk)
+            return tx.result()

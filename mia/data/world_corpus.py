@@ -14,39 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mia.data.world_entities import MONTHS, TITLE_NOUNS
+from mia.data.world_names import CITY_SUFFIXES, ONSETS, VOWELS
+
 _M64 = (1 << 64) - 1
-_ONSETS = [
-    "b",
-    "br",
-    "c",
-    "d",
-    "dr",
-    "f",
-    "g",
-    "gr",
-    "h",
-    "k",
-    "kr",
-    "l",
-    "m",
-    "n",
-    "p",
-    "pr",
-    "r",
-    "s",
-    "st",
-    "t",
-    "tr",
-    "v",
-    "z",
-    "sh",
-    "j",
-    "w",
-]
-_VOWELS = ["a", "e", "i", "o", "u"]
-_SYL = [o + v for o in _ONSETS for v in _VOWELS]  # 125 syllables, consonant-vowel
+# The names' syllables (mia.data.world_names), kept to plain consonant-vowel pairs: no "th" / "ch"
+# onsets, no diphthongs.
+_ONSETS = [o for o in ONSETS if o not in ("th", "ch")]
+_VOWELS = VOWELS[:5]
+_SYL = [o + v for o in _ONSETS for v in _VOWELS]  # 130 syllables, consonant-vowel
 _CODAS = ["", "n", "r", "s", "th", "l", "k", "m"]
-_CITY_SUFFIX = ["by", "ford", "wick", "holm", "grad", "mar", "haven", "stad"]
+_CITY_SUFFIX = CITY_SUFFIXES[:8]
 _ORG_SUFFIX = [
     "Institute",
     "Press",
@@ -87,20 +65,6 @@ _OCCUPATIONS = [
     "painter",
     "engineer",
 ]
-_MONTHS = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-]
 _GENRES = [
     ("historical novel", "published"),
     ("crime novel", "published"),
@@ -109,20 +73,7 @@ _GENRES = [
     ("jazz album", "released"),
     ("folk album", "released"),
 ]
-_NOUNS = [
-    "Harbour",
-    "Orchard",
-    "Lantern",
-    "River",
-    "Garden",
-    "Tower",
-    "Letters",
-    "Bells",
-    "Road",
-    "Shore",
-    "Mirror",
-    "Season",
-]
+_NOUNS = TITLE_NOUNS[:12]
 _FILLER = [
     "Contemporaries described the work as patient and exact.",
     "Its archives are open to researchers by appointment.",
@@ -163,7 +114,7 @@ def _word(n: int, syllables: int) -> tuple[str, int]:
 
 
 def person_name(i: int, seed: int = 0) -> str:
-    # 2 + 3 base-125 digits cover all 32 bits: person names never repeat.
+    # 2 + 3 base-130 digits cover all 32 bits: person names never repeat.
     given, rest = _word(_scramble(i, seed), 2)
     family, _ = _word(rest, 3)
     return f"{given} {family}"
@@ -222,7 +173,7 @@ def corpus_passage(i: int, num_passages: int, seed: int = 0) -> dict[str, str]:
     if kind == "person":
         city = _pick(g, "city", n)
         country = _COUNTRIES[(h >> 8) % 8]
-        date = f"{1 + (h >> 16) % 28} {_MONTHS[(h >> 24) % 12]} {year}"
+        date = f"{1 + (h >> 16) % 28} {MONTHS[(h >> 24) % 12]} {year}"
         occ = _OCCUPATIONS[(h >> 32) % 8]
         uni = org_name(_pick(g >> 24, "org", n), seed)
         demonym = _DEMONYMS[(h >> 8) % 8]

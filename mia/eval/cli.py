@@ -160,7 +160,7 @@ def _say(line: str) -> None:
 def _with_services(cfg: Any, args: argparse.Namespace, items: list[Any], out: Path) -> Any:
     from mia.eval.harness import Endpoints, run_eval
     from mia.eval.policies import spec
-    from mia.eval.services import ServiceGroup, StackOptions, start_stack, write_llm_config
+    from mia.eval.supervisor import ServiceGroup, StackOptions, start_stack, write_llm_config
 
     s = cfg.services
     if not s.index:

@@ -81,8 +81,8 @@ class ServicesOptions:
     )
     threads: int | None = option(
         None,
-        "torch threads per LLM service process; null = half the CPU cores (at least 1), so the "
-        "Executor and the Manager do not fight over the same cores",
+        "torch threads per LLM service process; null = every core "
+        "(mia.eval.supervisor.default_threads)",
     )
     startup_timeout_s: float = option(900.0, "seconds to wait for the services to come up")
     memory_overrides: list[str] = option(

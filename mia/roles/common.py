@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mia.cli_support import cli_errors
 from mia.config import add_help_config, compose, from_dict, resolve_path, to_yaml
 from mia.errors import MiaError
 from mia.paths import CONFIG_ROOT
@@ -104,6 +105,46 @@ def trainer_section(cfg: Any, model_path: str, run_dir: str = "") -> TrainerConf
     if run_dir and not section.run_dir:
         section.run_dir = run_dir
     return section
+
+
+def grpo_trainer(
+    cfg: Any,
+    make_episode: Callable[[Any], Any],
+    reward_cls: Callable[[Any, Any], Any],
+    *,
+    generator: Any = None,
+    judge: Any = None,
+    text_only: bool = False,
+) -> Any:
+    """The :class:`mia.rl.trainer.Trainer` of a GRPO role (executor_train, planner_train) from
+    its validated config: the ``data`` section's samples (``text_only``: image questions
+    skipped), the ``judge`` (built from ``cfg.judge`` and ``cfg.llm`` unless given),
+    ``make_episode(judge)``, ``reward_cls(judge, cfg.reward)`` and the ``trainer`` section on
+    ``cfg.model_path``; ``generator`` replaces the one the trainer would build."""
+    from mia.rl.trainer import Trainer
+    from mia.roles.samples import load_samples
+
+    data = cfg.data
+    if not data.train:
+        raise MiaError("set data.train=FILE (reference parquet, JSON or JSONL)")
+    train = load_samples(data.train, text_only=text_only, limit=data.limit)
+    val = load_samples(data.val, text_only=text_only, limit=data.val_limit) if data.val else None
+    judge = judge if judge is not None else build_judge(cfg.judge, cfg.llm)
+    episode = make_episode(judge)
+    reward = reward_cls(judge, cfg.reward)
+    section = trainer_section(cfg, resolve_model(cfg.model_path))
+    return Trainer(section, episode, reward, train, val_dataset=val, generator=generator)
+
+
+def fit_role(role: str, trainer: Any) -> list[dict[str, Any]]:
+    """Train ``trainer`` to the end; one line says where its metrics and checkpoints are."""
+    history = trainer.fit()
+    print(
+        f"{role}: {trainer.step} steps; metrics {trainer.run_dir / 'metrics.jsonl'}; "
+        f"checkpoints {trainer.ckpt_dir}",
+        flush=True,
+    )
+    return history
 
 
 def build_judge(judge_cfg: Any, llm: str | Mapping[str, Any] = "embedded"):
@@ -202,7 +243,7 @@ def role_main(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("WANDB_MODE", "offline")
-    try:
+    with cli_errors(prog):
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
             raise MiaError(f"overrides must look like key=value, got {bad}")
@@ -222,9 +263,3 @@ def role_main(
             return
         setup_logging(args.log_level)
         run(cfg)
-    except MiaError as err:
-        print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mia.config import option
+from mia.config import option, section
+from mia.judge import JudgeConfig
 from mia.planner.episode import PlannerEpisodeConfig
 from mia.rl.generators.base import GeneratorConfig
 from mia.rl.policy import PolicyConfig
@@ -30,6 +31,28 @@ def _token_env() -> Any:
 
 def _timeout() -> Any:
     return option(600.0, "seconds per service call")
+
+
+def val_data() -> Any:
+    return option(None, "validation questions (same formats); null = none")
+
+
+def row_limit(rows: str) -> Any:
+    return option(None, f"keep the first N {rows} rows; null = all")
+
+
+def judge_llm() -> Any:
+    return option("embedded", "LLM roles for LLM judges: configs/llm/<name>.yaml or a file")
+
+
+def truth_judge() -> Any:
+    return section(JudgeConfig, "the ground-truth judge (judge=llm: the SimpleQA-style LLM judge)")
+
+
+def grpo_section(trainer: Any) -> Any:
+    """The ``trainer`` section of executor_train and planner_train: ``trainer(save_freq=10)``
+    (:func:`cpu_trainer` or :func:`cpu_planner_trainer`)."""
+    return section(lambda: trainer(save_freq=10), "the GRPO trainer (python -m mia.rl's keys)")
 
 
 @dataclass

@@ -10,18 +10,31 @@ question's images from ``data_id`` (``serve.images_from``) when the client sends
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mia.services.base import ServiceClient
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+_Text = Annotated[str, AfterValidator(_not_blank)]  # a string that is not all white space
+
+
+def _caption() -> Any:
+    return Field(default=None, description="accepted for compatibility; not shown to the Executor")
 
 
 class _Request(BaseModel):
     # Reference clients send extra fields (mem contexts, ...): ignore them.
     model_config = ConfigDict(extra="ignore")
 
-    question: str = Field(description="the question the Executor answers")
+    question: _Text = Field(description="the question the Executor answers")
     images: list[str] | str | None = Field(
         default=None, description="question images: base64 strings or data URLs"
     )
@@ -29,19 +42,10 @@ class _Request(BaseModel):
         default=None, description="question id; the image-search cache folder name"
     )
 
-    @field_validator("question")
-    @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
-
 
 class ExecuteRequest(_Request):
     plan: str = Field(description="the Planner's plan ('' for none)")
-    image_caption: str | list[str] | None = Field(
-        default=None, description="accepted for compatibility; not shown to the Executor"
-    )
+    image_caption: str | list[str] | None = _caption()
     temperature: float | None = Field(
         default=None,
         ge=0.0,
@@ -57,14 +61,7 @@ class ContinueRequest(_Request):
     messages: list[dict[str, Any]] = Field(
         min_length=2, description="the conversation returned by /execute (or /continue)"
     )
-    replan: str = Field(description="the supplementary plan")
-
-    @field_validator("replan")
-    @classmethod
-    def _replan(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
+    replan: _Text = Field(description="the supplementary plan")
 
 
 class ReferenceReplanRequest(_Request):
@@ -76,17 +73,8 @@ class ReferenceReplanRequest(_Request):
     messages: list[dict[str, Any]] = Field(
         min_length=1, description="history_messages of /plan (or the whole conversation)"
     )
-    replan: str = Field(description="the supplementary plan")
-    image_caption: str | list[str] | None = Field(
-        default=None, description="accepted for compatibility; not shown to the Executor"
-    )
-
-    @field_validator("replan")
-    @classmethod
-    def _replan(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
+    replan: _Text = Field(description="the supplementary plan")
+    image_caption: str | list[str] | None = _caption()
 
 
 class Usage(BaseModel):

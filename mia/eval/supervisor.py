@@ -261,18 +261,15 @@ def thread_env(threads: int) -> dict[str, str]:
     }
 
 
-def write_llm_config(
+def llm_config_data(
     base: str,
-    path: Path,
     *,
     model_path: str | None = None,
     roles: dict[str, dict[str, Any]] | None = None,
-) -> Path:
-    """A copy of llm config ``base`` with ``common.model_path`` replaced (local roles on
-    another model folder) and per-role field overrides merged (``sampling`` merged key-wise).
-    Services read the copy, so what ran is on disk beside the results."""
-    from omegaconf import OmegaConf
-
+) -> dict[str, Any]:
+    """Llm config ``base`` (``common`` + ``roles``) with ``common.model_path`` replaced (local
+    roles on another model folder) and per-role field overrides merged (``sampling`` merged
+    key-wise), as a plain dict."""
     from mia.llm.config import load_llm_config
 
     data = load_llm_config(base)
@@ -288,6 +285,21 @@ def write_llm_config(
             else:
                 entry[key] = value
         data["roles"][role] = entry
+    return data
+
+
+def write_llm_config(
+    base: str,
+    path: Path,
+    *,
+    model_path: str | None = None,
+    roles: dict[str, dict[str, Any]] | None = None,
+) -> Path:
+    """:func:`llm_config_data` written to ``path``. Services read the copy, so what ran is on
+    disk beside the results."""
+    from omegaconf import OmegaConf
+
+    data = llm_config_data(base, model_path=model_path, roles=roles)
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(data), path)
     return path
