@@ -19,7 +19,7 @@ from memory_serve.service import MemoryService
 from memory_serve.store import SORTS
 from mia.http import DEFAULT_MAX_BODY_BYTES, ApiError, create_app
 from mia.paths import mia_home
-from mia.services import memory as S
+from mia.services import memory as memory_api
 
 MAX_PAGE = 500
 
@@ -82,10 +82,10 @@ def retrieval_routes(service: MemoryService) -> APIRouter:
 
     @router.post(
         "/memory",
-        response_model=list[S.MemoryResponse] | S.MemoryResponse,
+        response_model=list[memory_api.MemoryResponse] | memory_api.MemoryResponse,
         response_model_exclude_unset=True,
     )
-    async def memory(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+    async def memory(body: list[memory_api.MemoryQuery] | memory_api.MemoryQuery) -> Any:
         """Retrieve positive and negative workflows.
 
         ``{"question": "Who?", "image_caption": ["a face"], "mem_top_k": 2}`` ->
@@ -102,32 +102,39 @@ def planner_routes(service: MemoryService) -> APIRouter:
     router = APIRouter(tags=["planner"])
     planning, cap = service.planning, service.cfg.limits.max_llm_items
 
-    @router.post("/plan", response_model=list[S.PlanResponse] | S.PlanResponse)
-    async def plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+    @router.post("/plan", response_model=list[memory_api.PlanResponse] | memory_api.PlanResponse)
+    async def plan(body: list[memory_api.MemoryQuery] | memory_api.MemoryQuery) -> Any:
         """Retrieve memories and write a plan (the manager LLM plans on a cold start)."""
         return await _each(body, planning.plan, cap)
 
-    @router.post("/best_plan", response_model=list[S.BestPlanResponse] | S.BestPlanResponse)
-    async def best_plan(body: list[S.MemoryQuery] | S.MemoryQuery) -> Any:
+    @router.post(
+        "/best_plan", response_model=list[memory_api.BestPlanResponse] | memory_api.BestPlanResponse
+    )
+    async def best_plan(body: list[memory_api.MemoryQuery] | memory_api.MemoryQuery) -> Any:
         """Sample several plans; the manager LLM picks one (``selected_plan_number``)."""
         return await _each(body, planning.best_plan, cap)
 
     @router.post(
-        "/judge_replan", response_model=list[S.JudgeReplanResponse] | S.JudgeReplanResponse
+        "/judge_replan",
+        response_model=list[memory_api.JudgeReplanResponse] | memory_api.JudgeReplanResponse,
     )
-    async def judge_replan(body: list[S.JudgeReplanRequest] | S.JudgeReplanRequest) -> Any:
+    async def judge_replan(
+        body: list[memory_api.JudgeReplanRequest] | memory_api.JudgeReplanRequest,
+    ) -> Any:
         """Reflect on the Executor's trace -> ``{need_replan: "yes"|"no", replan_needed: bool,
         decision, messages, planner}``."""
         return await _each(body, planning.judge_replan, cap)
 
-    @router.post("/replan", response_model=list[S.ReplanResponse] | S.ReplanResponse)
-    async def replan(body: list[S.ReplanRequest] | S.ReplanRequest) -> Any:
+    @router.post(
+        "/replan", response_model=list[memory_api.ReplanResponse] | memory_api.ReplanResponse
+    )
+    async def replan(body: list[memory_api.ReplanRequest] | memory_api.ReplanRequest) -> Any:
         """A supplementary plan (<= 200 words) continuing the planner conversation ->
         ``{replan, messages, planner, pos_indices: [], neg_indices: [], memory_ids}``."""
         return await _each(body, planning.replan, cap)
 
-    @router.post("/replan_train", response_model=S.ReplanTrainResponse)
-    async def replan_train(body: S.ReplanTrainRequest) -> Any:
+    @router.post("/replan_train", response_model=memory_api.ReplanTrainResponse)
+    async def replan_train(body: memory_api.ReplanTrainRequest) -> Any:
         """Supplementary plan for Executor training (synthetic 6-message conversation)."""
         return await planning.replan_train(body)
 
@@ -139,13 +146,17 @@ def memory_routes(service: MemoryService) -> APIRouter:
     cap = service.cfg.limits.max_items
 
     # The name keeps the operation id this route had next to its reference alias.
-    @router.post("/memories", response_model=S.SaveMemoriesResponse, name="save_memories_memories")
-    async def save_memories(body: list[S.TrajectoryItem] | S.TrajectoryItem) -> Any:
+    @router.post(
+        "/memories", response_model=memory_api.SaveMemoriesResponse, name="save_memories_memories"
+    )
+    async def save_memories(
+        body: list[memory_api.TrajectoryItem] | memory_api.TrajectoryItem,
+    ) -> Any:
         """Compress and store finished trajectories (win-rate credit to the used memories)."""
         return await service.save_memories(_as_list(body, cap))
 
-    @router.post("/memories/find", response_model=S.FindMemoriesResponse)
-    async def find_memories(body: S.FindMemoriesRequest) -> Any:
+    @router.post("/memories/find", response_model=memory_api.FindMemoriesResponse)
+    async def find_memories(body: memory_api.FindMemoriesRequest) -> Any:
         """Stored memories written for these ``data_ids`` (optionally from one ``source``)."""
         return await service.find_memories(body)
 
@@ -156,25 +167,33 @@ def ttrl_routes(service: MemoryService) -> APIRouter:
     router = APIRouter(tags=["ttrl"])
     cap = service.cfg.limits.max_items
 
-    @router.post("/memory_bank_save", response_model=S.BankSaveResponse)
-    async def bank_save(body: list[S.RolloutItem] | S.RolloutItem) -> Any:
+    @router.post("/memory_bank_save", response_model=memory_api.BankSaveResponse)
+    async def bank_save(body: list[memory_api.RolloutItem] | memory_api.RolloutItem) -> Any:
         """Buffer TTRL rollouts per question until the next consolidation."""
         return await service.bank_save(_as_list(body, cap))
 
-    @router.post("/consolidate_memories", response_model=S.ConsolidateResponse)
+    @router.post("/consolidate_memories", response_model=memory_api.ConsolidateResponse)
     async def consolidate(
-        body: S.ConsolidateRequest | list[Any] | None = Body(default=None),
+        body: memory_api.ConsolidateRequest | list[Any] | None = Body(default=None),
     ) -> Any:
         """Per question: best correct + one incorrect rollout into memory, plus a plan pair."""
-        req = body if isinstance(body, S.ConsolidateRequest) else S.ConsolidateRequest()
+        req = (
+            body
+            if isinstance(body, memory_api.ConsolidateRequest)
+            else memory_api.ConsolidateRequest()
+        )
         return await service.consolidate(req)
 
-    @router.post("/batch_evaluate", response_model=S.BatchEvaluateResponse)
+    @router.post("/batch_evaluate", response_model=memory_api.BatchEvaluateResponse)
     async def batch_evaluate(
-        body: S.BatchEvaluateRequest | list[Any] | None = Body(default=None),
+        body: memory_api.BatchEvaluateRequest | list[Any] | None = Body(default=None),
     ) -> Any:
         """Pick one rollout per question under each selection rule; JSONL per rule."""
-        req = body if isinstance(body, S.BatchEvaluateRequest) else S.BatchEvaluateRequest()
+        req = (
+            body
+            if isinstance(body, memory_api.BatchEvaluateRequest)
+            else memory_api.BatchEvaluateRequest()
+        )
         return await service.batch_evaluate(req)
 
     return router
@@ -183,25 +202,25 @@ def ttrl_routes(service: MemoryService) -> APIRouter:
 def persistence_routes(service: MemoryService) -> APIRouter:
     router = APIRouter(tags=["persistence"])
 
-    @router.post("/save_memory", response_model=S.SaveResponse)
-    async def save_memory(body: S.SaveRequest | None = Body(default=None)) -> Any:
+    @router.post("/save_memory", response_model=memory_api.SaveResponse)
+    async def save_memory(body: memory_api.SaveRequest | None = Body(default=None)) -> Any:
         """Copy the store to a SQLite file, a reference JSON file or a folder with both."""
-        return await service.backups.save(body or S.SaveRequest())
+        return await service.backups.save(body or memory_api.SaveRequest())
 
-    @router.post("/load_memory", response_model=S.LoadResponse)
-    async def load_memory(body: S.LoadRequest) -> Any:
+    @router.post("/load_memory", response_model=memory_api.LoadResponse)
+    async def load_memory(body: memory_api.LoadRequest) -> Any:
         """Replace (or merge into) the store from a saved copy."""
         return await service.backups.load(body)
 
-    @router.post("/clear_memory", response_model=S.ClearResponse)
+    @router.post("/clear_memory", response_model=memory_api.ClearResponse)
     async def clear_memory(
-        body: S.ClearRequest | list[Any] | None = Body(default=None),
+        body: memory_api.ClearRequest | list[Any] | None = Body(default=None),
     ) -> Any:
         """Forget every memory (and by default the rollout buffer)."""
-        req = body if isinstance(body, S.ClearRequest) else S.ClearRequest()
+        req = body if isinstance(body, memory_api.ClearRequest) else memory_api.ClearRequest()
         return await service.clear(req)
 
-    @router.get("/stats", response_model=S.StatsResponse)
+    @router.get("/stats", response_model=memory_api.StatsResponse)
     async def stats() -> Any:
         return await service.stats()
 
@@ -212,7 +231,7 @@ def inspect_routes(service: MemoryService) -> APIRouter:
     router = APIRouter(tags=["inspect"])
     runs_root = PathLib(cfg_runs_dir(service))
 
-    @router.get("/memories", response_model=S.MemoryPage)
+    @router.get("/memories", response_model=memory_api.MemoryPage)
     async def list_memories(
         offset: int = Query(0, ge=0, le=10**9),
         limit: int = Query(50, ge=1, le=MAX_PAGE),
@@ -234,20 +253,20 @@ def inspect_routes(service: MemoryService) -> APIRouter:
             sort=sort,
         )
 
-    @router.get("/memories/{memory_id}", response_model=S.MemoryDetail)
+    @router.get("/memories/{memory_id}", response_model=memory_api.MemoryDetail)
     async def memory_detail(
         memory_id: int = Path(ge=1, le=2**62), history: int = Query(200, ge=0, le=10_000)
     ) -> Any:
         """One memory and its history: the trajectories that used it and whether they succeeded."""
         return await service.memory_detail(memory_id, history)
 
-    @router.get("/runs", response_model=S.RunsResponse)
+    @router.get("/runs", response_model=memory_api.RunsResponse)
     async def runs() -> Any:
         """TTRL runs (``accuracy.jsonl``) and evaluations (``summary.json``) under the runs folder."""
         found, truncated = await asyncio.to_thread(find_runs, runs_root)
         return {"root": str(runs_root), "runs": found, "truncated": truncated}
 
-    @router.get("/runs/detail", response_model=S.RunDetail)
+    @router.get("/runs/detail", response_model=memory_api.RunDetail)
     async def run_detail(id: str = Query(min_length=1, max_length=1000)) -> Any:  # noqa: A002
         """One run's rows: per batch (TTRL) or per policy (evaluation), numbers only."""
         return await asyncio.to_thread(load_run, runs_root, id)

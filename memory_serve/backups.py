@@ -31,7 +31,7 @@ from memory_serve.refjson import (
 from memory_serve.store import MemoryStore
 from mia.errors import MiaError
 from mia.http import ApiError
-from mia.services import memory as S
+from mia.services import memory as memory_api
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 JSON_SUFFIXES = (".json", ".jsonl")
@@ -60,7 +60,7 @@ class Backups:
 
     # ------------------------------------------------------------------ save
 
-    async def save(self, req: S.SaveRequest) -> S.SaveResponse:
+    async def save(self, req: memory_api.SaveRequest) -> memory_api.SaveResponse:
         raw = req.path or self.default_dir
         if not raw:
             raise ApiError(400, "no path in the request and ttrl.output_dir is not set")
@@ -73,7 +73,7 @@ class Backups:
             raise ApiError(400, f"cannot save to {raw}: {os_reason(err)}") from None
         except sqlite3.Error as err:
             raise ApiError(400, f"cannot save to {raw}: {err}") from None
-        return S.SaveResponse(
+        return memory_api.SaveResponse(
             format=fmt,  # type: ignore[arg-type]
             files=files,
             memories=len(self.store),
@@ -106,7 +106,7 @@ class Backups:
 
     # ------------------------------------------------------------------ load
 
-    async def load(self, req: S.LoadRequest) -> S.LoadResponse:
+    async def load(self, req: memory_api.LoadRequest) -> memory_api.LoadResponse:
         raw = req.path
         path = self.persist.resolve(raw)
         try:
@@ -125,14 +125,14 @@ class Backups:
         except (MiaError, ValueError, TypeError, sqlite3.Error) as err:
             # ValueError covers text a JSON file holds that SQLite cannot store (UnicodeError).
             raise ApiError(400, str(err) or type(err).__name__) from None
-        return S.LoadResponse(
+        return memory_api.LoadResponse(
             format=fmt,  # type: ignore[arg-type]
             memories=len(self.store),
             plan_pairs=len(self.store.plan_pairs()),
             imported=imported,
         )
 
-    def _read(self, req: S.LoadRequest, path: Path, fmt: str) -> int:
+    def _read(self, req: memory_api.LoadRequest, path: Path, fmt: str) -> int:
         """Load ``path`` (of format ``fmt``) into the store; how many entries came in."""
         raw, store = req.path, self.store
         if fmt == "sqlite" or (fmt == "dir" and (path / DIR_SQLITE).is_file()):

@@ -25,19 +25,19 @@ from mia.planner.flow import PlannerRun, Task
 from mia.planner.planners import ConversationPlanner, EmptyReply, TurnLimits
 from mia.prompts.manager import choose_plan_prompt
 from mia.prompts.planner import replan_train_prefix
-from mia.services import memory as S
+from mia.services import memory as memory_api
 
 log = logging.getLogger("memory_serve")
 T = TypeVar("T")
 # A query's memories (at most k of each side) and its modality: the service's retrieval.
-Retrieve = Callable[[S.MemoryQuery, int], Awaitable[tuple[Retrieval, str]]]
+Retrieve = Callable[[memory_api.MemoryQuery, int], Awaitable[tuple[Retrieval, str]]]
 
 # The service's Planner conversation is as long as the LLM allows (its own context, when it
 # reports one, still bounds it).
 UNBOUNDED_CONTEXT = 10**9
 
 
-def mem_top_k(q: S.MemoryQuery, default: int) -> int:
+def mem_top_k(q: memory_api.MemoryQuery, default: int) -> int:
     """How many memories of each side a query asks for: its ``mem_top_k``, else ``default``."""
     return q.mem_top_k if q.mem_top_k is not None else default
 
@@ -145,7 +145,9 @@ class PlannerRoutes:
             )
 
     @staticmethod
-    def _run(q: S.MemoryQuery | None, r: Retrieval | None, modality: str = "") -> PlannerRun:
+    def _run(
+        q: memory_api.MemoryQuery | None, r: Retrieval | None, modality: str = ""
+    ) -> PlannerRun:
         """A run of the flow for this request; its memories are the ones retrieved here."""
         task = Task(
             question=q.question if q is not None else "",
@@ -160,7 +162,7 @@ class PlannerRoutes:
         return "image" if modality == TEXT_IMAGE else "text"
 
     # ------------------------------------------------------------------ routes
-    async def plan(self, q: S.MemoryQuery) -> S.PlanResponse:
+    async def plan(self, q: memory_api.MemoryQuery) -> memory_api.PlanResponse:
         k = mem_top_k(q, self.cfg.store.retrieval.top_k)
         r, modality = await self._retrieve(q, k)
         if _skip(q.plan_if, r):
@@ -172,7 +174,7 @@ class PlannerRoutes:
         await self._step(planner.plan(run), who)
         return _plan_response(q, r, run.plan, run.messages, who)
 
-    async def best_plan(self, q: S.MemoryQuery) -> S.BestPlanResponse:
+    async def best_plan(self, q: memory_api.MemoryQuery) -> memory_api.BestPlanResponse:
         """Sample several plans (T=1 by default), let the manager LLM pick one (§3.1)."""
         p = self.cfg.planner
         k = mem_top_k(q, self.cfg.store.retrieval.top_k)
@@ -197,19 +199,21 @@ class PlannerRoutes:
             lambda text: ttrl.parse_choice(text, len(plans)),
         )
         base = _plan_response(q, r, plans[pick], runs[pick].messages, who)
-        return S.BestPlanResponse(
+        return memory_api.BestPlanResponse(
             **base.model_dump(), selected_plan_number=str(pick + 1), all_plans=plans
         )
 
-    async def judge_replan(self, req: S.JudgeReplanRequest) -> S.JudgeReplanResponse:
+    async def judge_replan(
+        self, req: memory_api.JudgeReplanRequest
+    ) -> memory_api.JudgeReplanResponse:
         # As /plan: a question planned on a cold start is also judged by the manager.
         cold = len(req.memory_ids) < 2 * self.cfg.store.retrieval.top_k
         backend, who = self._pick(cold)
         planner, run = self._planner(backend, who), self._run(None, None)
-        await planner.start(run, S.dump_messages(req.past_messages))
+        await planner.start(run, memory_api.dump_messages(req.past_messages))
         await self._step(planner.reflect(run, req.workflow), who)
         need = bool(run.need_replan)
-        return S.JudgeReplanResponse(
+        return memory_api.JudgeReplanResponse(
             need_replan="yes" if need else "no",
             replan_needed=need,
             decision="yes" if need else "no",
@@ -217,7 +221,7 @@ class PlannerRoutes:
             planner=who,  # type: ignore[arg-type]
         )
 
-    async def replan(self, req: S.ReplanRequest) -> S.ReplanResponse:
+    async def replan(self, req: memory_api.ReplanRequest) -> memory_api.ReplanResponse:
         # The reference's rule (docs/reference.md §3.1): retrieve ``top_k + pass_num`` of each
         # side from the top, and plan with the manager LLM when either side has fewer. Its
         # driver sends mem_top_k=0, pass_num=2: two of each, so a young store is a cold start.
@@ -230,9 +234,9 @@ class PlannerRoutes:
             memory = Retrieval(r.positives[skip : skip + k], r.negatives[skip : skip + k])
         backend, who = self._pick(len(r.positives) < n or len(r.negatives) < n)
         planner, run = self._planner(backend, who), self._run(req, None)
-        await planner.start(run, S.dump_messages(req.past_messages))
+        await planner.start(run, memory_api.dump_messages(req.past_messages))
         await self._step(planner.replan(run, memory.context() if memory else None), who)
-        return S.ReplanResponse(
+        return memory_api.ReplanResponse(
             replan=run.replan,
             messages=run.messages,
             planner=who,  # type: ignore[arg-type]
@@ -241,7 +245,9 @@ class PlannerRoutes:
             memory_ids=r.positive_ids + r.negative_ids,
         )
 
-    async def replan_train(self, req: S.ReplanTrainRequest) -> S.ReplanTrainResponse:
+    async def replan_train(
+        self, req: memory_api.ReplanTrainRequest
+    ) -> memory_api.ReplanTrainResponse:
         """The replan of Executor training: the synthetic conversation in which the plan was
         followed and the answer judged wrong (the decision is a canned "yes")."""
         variant = self.cfg.planner.replan_train_variant
@@ -254,7 +260,7 @@ class PlannerRoutes:
         )
         await planner.start(run, prefix)
         await self._step(planner.replan(run), "planner")
-        return S.ReplanTrainResponse(content=run.replan)
+        return memory_api.ReplanTrainResponse(content=run.replan)
 
 
 def _skip(plan_if: str, r: Retrieval) -> bool:
@@ -268,9 +274,9 @@ def _skip(plan_if: str, r: Retrieval) -> bool:
 
 
 def _plan_response(
-    q: S.MemoryQuery, r: Retrieval, plan: str, messages: list[dict[str, Any]], who: str
-) -> S.PlanResponse:
-    return S.PlanResponse(
+    q: memory_api.MemoryQuery, r: Retrieval, plan: str, messages: list[dict[str, Any]], who: str
+) -> memory_api.PlanResponse:
+    return memory_api.PlanResponse(
         plan=plan,
         messages=messages,
         memory_ids=r.positive_ids + r.negative_ids,

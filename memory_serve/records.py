@@ -12,14 +12,16 @@ from typing import Any
 from mia.caption import caption_text
 from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
 from mia.prompts.planner import memory_context
-from mia.services import memory as S
+from mia.services import memory as memory_api
 from mia.services.memory import MAX_EXTRA_CHARS, MAX_JSON_DEPTH, check_depth, extra_json
 
 TEXT_ONLY = "text-only"
 TEXT_IMAGE = "text-image"
 MODALITIES = (TEXT_ONLY, TEXT_IMAGE)
 # The wire contract lists the same buckets.
-assert set(S.MODALITIES) == set(MODALITIES) and set(S.CATEGORIES) == set(CATEGORIES)
+assert set(memory_api.MODALITIES) == set(MODALITIES) and set(memory_api.CATEGORIES) == set(
+    CATEGORIES
+)
 CORRECT = "correct"
 INCORRECT = "incorrect"
 

@@ -48,15 +48,15 @@ from mia.errors import MiaError
 from mia.http import ApiError
 from mia.llm.base import ChatBackend, LLMError, Message
 from mia.prompts.manager import choose_plan_prompt, plan_pairs_block
-from mia.services import memory as S
+from mia.services import memory as memory_api
 
 log = logging.getLogger("memory_serve")
 
 FEEDBACK_FIELDS = ("evaluator_1_feedback", "evaluator_2_feedback", "evaluator_3_feedback")
 
 
-def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcome:
-    return S.WriteOutcome(
+def _outcome(result: WriteResult, category: str, modality: str) -> memory_api.WriteOutcome:
+    return memory_api.WriteOutcome(
         action=result.action,  # type: ignore[arg-type]
         id=result.id,
         replaced_id=result.replaced_id,
@@ -67,9 +67,9 @@ def _outcome(result: WriteResult, category: str, modality: str) -> S.WriteOutcom
     )
 
 
-def _scored(rank: int, m: ScoredMemory) -> S.ScoredMemory:
+def _scored(rank: int, m: ScoredMemory) -> memory_api.ScoredMemory:
     rec = m.record
-    return S.ScoredMemory(
+    return memory_api.ScoredMemory(
         rank=rank,
         id=rec.id,
         question=rec.question,
@@ -84,8 +84,8 @@ def _scored(rank: int, m: ScoredMemory) -> S.ScoredMemory:
     )
 
 
-def _row(rec: MemoryRecord) -> S.MemoryRow:
-    return S.MemoryRow.model_validate(rec, from_attributes=True)
+def _row(rec: MemoryRecord) -> memory_api.MemoryRow:
+    return memory_api.MemoryRow.model_validate(rec, from_attributes=True)
 
 
 class MemoryService:
@@ -114,19 +114,21 @@ class MemoryService:
     async def _category(self, question: str, given: str | None = None) -> str:
         return given or await self.classifier.classify(question)
 
-    async def _where(self, q: S.MemoryQuery) -> tuple[str, str, str]:
+    async def _where(self, q: memory_api.MemoryQuery) -> tuple[str, str, str]:
         """``(caption, modality, category)`` of a query."""
         caption = normalise_caption(q.image_caption)
         modality = q.modality or modality_of(caption)
         category = q.category or await self.classifier.classify(q.question)
         return caption, modality, category
 
-    async def _retrieve(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str]:
+    async def _retrieve(self, q: memory_api.MemoryQuery, k: int) -> tuple[Retrieval, str]:
         """The query's memories and its modality."""
         found, _, modality, _ = await self._retrieve_where(q, k)
         return found, modality
 
-    async def _retrieve_where(self, q: S.MemoryQuery, k: int) -> tuple[Retrieval, str, str, str]:
+    async def _retrieve_where(
+        self, q: memory_api.MemoryQuery, k: int
+    ) -> tuple[Retrieval, str, str, str]:
         """The query's memories, caption, modality and category."""
         caption, modality, category = await self._where(q)
         found = await asyncio.to_thread(
@@ -143,13 +145,13 @@ class MemoryService:
 
     # ------------------------------------------------------------------ retrieval / planning
 
-    async def memory(self, q: S.MemoryQuery) -> S.MemoryResponse:
+    async def memory(self, q: memory_api.MemoryQuery) -> memory_api.MemoryResponse:
         k = mem_top_k(q, self.cfg.store.retrieval.top_k)
         r, caption, modality, category = await self._retrieve_where(q, k)
         explain = None
         if q.explain:
             rc = self.cfg.store.retrieval
-            explain = S.RetrievalExplain(
+            explain = memory_api.RetrievalExplain(
                 modality=modality,
                 category=category,
                 bucket_size=r.bucket_size,
@@ -167,7 +169,7 @@ class MemoryService:
                 negatives=[_scored(i, m) for i, m in enumerate(r.negatives, 1)],
             )
         context = r.context()
-        return S.MemoryResponse(
+        return memory_api.MemoryResponse(
             context=context,
             positive_ids=r.positive_ids,
             negative_ids=r.negative_ids,
@@ -181,14 +183,14 @@ class MemoryService:
 
     # ------------------------------------------------------------------ writes
 
-    def _verdict(self, item: S._TrajectoryFields) -> str:
+    def _verdict(self, item: memory_api._TrajectoryFields) -> str:
         value = item.judgement if item.judgement is not None else item.judgement_nogt
         if value is None:
             raise ApiError(422, "judgement is required ('correct' or 'incorrect')")
         return normalise_judgement(value)
 
     @staticmethod
-    def _extra(item: S._TrajectoryFields) -> dict[str, Any]:
+    def _extra(item: memory_api._TrajectoryFields) -> dict[str, Any]:
         extra = dict(item.extra)
         if item.judgement_data is not None:
             extra["judgement_data"] = item.judgement_data
@@ -225,11 +227,13 @@ class MemoryService:
         except MiaError as err:
             raise ApiError(400, str(err)) from None
 
-    async def save_memories(self, items: list[S.TrajectoryItem]) -> S.SaveMemoriesResponse:
+    async def save_memories(
+        self, items: list[memory_api.TrajectoryItem]
+    ) -> memory_api.SaveMemoriesResponse:
         verdicts = [self._verdict(it) for it in items]  # validate everything before any LLM call
         summaries = await self._summaries(
             [
-                (it.question, S.dump_messages(it.messages), it.trace, it.workflow_summary)
+                (it.question, memory_api.dump_messages(it.messages), it.trace, it.workflow_summary)
                 for it in items
             ]
         )
@@ -255,18 +259,20 @@ class MemoryService:
                 )
             )
         results = await self._write(mems)
-        return S.SaveMemoriesResponse(
+        return memory_api.SaveMemoriesResponse(
             results=[
                 _outcome(r, m.category, str(m.modality)) for r, m in zip(results, mems, strict=True)
             ]
         )
 
-    async def find_memories(self, req: S.FindMemoriesRequest) -> S.FindMemoriesResponse:
+    async def find_memories(
+        self, req: memory_api.FindMemoriesRequest
+    ) -> memory_api.FindMemoriesResponse:
         wanted = set(req.data_ids)
         records = await asyncio.to_thread(self.store.records)
-        return S.FindMemoriesResponse(
+        return memory_api.FindMemoriesResponse(
             memories=[
-                S.FoundMemory.model_validate(r, from_attributes=True)
+                memory_api.FoundMemory.model_validate(r, from_attributes=True)
                 for r in records
                 if r.data_id in wanted and (req.source is None or r.source == req.source)
             ]
@@ -284,11 +290,11 @@ class MemoryService:
         bucket: str | None,
         source: str | None,
         sort: str,
-    ) -> S.MemoryPage:
+    ) -> memory_api.MemoryPage:
         modality = category = None
         if bucket:
             modality, _, category = bucket.partition("/")
-            if modality not in S.MODALITIES or category not in S.CATEGORIES:
+            if modality not in memory_api.MODALITIES or category not in memory_api.CATEGORIES:
                 raise ApiError(422, f"bucket must be <modality>/<category>, got {bucket[:100]!r}")
         try:
             total, recs = await asyncio.to_thread(
@@ -304,26 +310,26 @@ class MemoryService:
             )
         except MiaError as err:
             raise ApiError(422, str(err)) from None
-        return S.MemoryPage(
+        return memory_api.MemoryPage(
             total=total, offset=offset, limit=limit, memories=[_row(r) for r in recs]
         )
 
-    async def memory_detail(self, memory_id: int, history: int) -> S.MemoryDetail:
+    async def memory_detail(self, memory_id: int, history: int) -> memory_api.MemoryDetail:
         rec = self.store.get(memory_id)
         if rec is None:
             raise ApiError(404, f"no memory {memory_id}", "no_such_memory")
         uses, rows = await asyncio.to_thread(self.store.history, memory_id, limit=history)
-        return S.MemoryDetail(
+        return memory_api.MemoryDetail(
             memory=_row(rec),
             plan=rec.plan,
             extra=rec.extra,
             uses=uses,
-            history=[S.MemoryUse(**u) for u in rows],
+            history=[memory_api.MemoryUse(**u) for u in rows],
         )
 
     # ------------------------------------------------------------------ TTRL
 
-    async def bank_save(self, items: list[S.RolloutItem]) -> S.BankSaveResponse:
+    async def bank_save(self, items: list[memory_api.RolloutItem]) -> memory_api.BankSaveResponse:
         rows = [
             {
                 "data_id": it.data_id,
@@ -332,14 +338,14 @@ class MemoryService:
                 "plan": it.plan,
                 "slow_plan": it.slow_plan,
                 "judgement": self._verdict(it),
-                "messages": S.dump_messages(it.messages),
+                "messages": memory_api.dump_messages(it.messages),
                 "used_memory_ids": list(it.used_memory_ids),
                 "extra": self._extra(it),
             }
             for it in items
         ]
         ids = await asyncio.to_thread(self.store.buffer_rollouts, rows)
-        return S.BankSaveResponse(buffered=len(ids), ids=ids)
+        return memory_api.BankSaveResponse(buffered=len(ids), ids=ids)
 
     def _rollout_memory(self, r: Rollout, summary: str, category: str, credit: bool) -> NewMemory:
         return NewMemory(
@@ -355,7 +361,9 @@ class MemoryService:
             used_memory_ids=list(r.used_memory_ids) if credit else [],
         )
 
-    async def consolidate(self, req: S.ConsolidateRequest) -> S.ConsolidateResponse:
+    async def consolidate(
+        self, req: memory_api.ConsolidateRequest
+    ) -> memory_api.ConsolidateResponse:
         seed = self.cfg.ttrl.seed if req.seed is None else req.seed
         snapshot = await asyncio.to_thread(self.store.rollouts)
         groups = ttrl.group_rollouts(snapshot)
@@ -389,7 +397,7 @@ class MemoryService:
                 pairs += 1
         await asyncio.to_thread(self.store.delete_rollouts, [r.id for r in snapshot])
         stored = [(m, res) for m, res in zip(mems, results, strict=True)]
-        return S.ConsolidateResponse(
+        return memory_api.ConsolidateResponse(
             questions=len(groups),
             saved_positives=sum(
                 1 for m, res in stored if m.judgement == CORRECT and res.action != "kept_existing"
@@ -422,7 +430,9 @@ class MemoryService:
             return None
         return ttrl.parse_choice(result.text, len(group))
 
-    async def batch_evaluate(self, req: S.BatchEvaluateRequest) -> S.BatchEvaluateResponse:
+    async def batch_evaluate(
+        self, req: memory_api.BatchEvaluateRequest
+    ) -> memory_api.BatchEvaluateResponse:
         out = req.output_dir or self.cfg.ttrl.output_dir
         if not out:
             raise ApiError(400, "no output_dir in the request and ttrl.output_dir is not set")
@@ -447,7 +457,7 @@ class MemoryService:
         for rule in rules:
             hits = [groups[j][i].judgement == CORRECT for j, i in enumerate(picks[rule])]
             accuracy[rule] = sum(hits) / len(hits) if hits else None
-        return S.BatchEvaluateResponse(
+        return memory_api.BatchEvaluateResponse(
             processed_count=len(groups),
             accuracy=accuracy,
             files=files,
@@ -513,15 +523,15 @@ class MemoryService:
 
     # ------------------------------------------------------------------ persistence
 
-    async def clear(self, req: S.ClearRequest) -> S.ClearResponse:
+    async def clear(self, req: memory_api.ClearRequest) -> memory_api.ClearResponse:
         await asyncio.to_thread(self.store.clear, rollouts=req.rollouts)
         what = (
             "memories, plan pairs and rollout buffer" if req.rollouts else "memories and plan pairs"
         )
-        return S.ClearResponse(message=f"cleared {what}")
+        return memory_api.ClearResponse(message=f"cleared {what}")
 
-    async def stats(self) -> S.StatsResponse:
+    async def stats(self) -> memory_api.StatsResponse:
         data = await asyncio.to_thread(self.store.stats)
-        return S.StatsResponse(
+        return memory_api.StatsResponse(
             **data, compress_mode=self.cfg.compress.mode, classifier=self.classifier.enabled
         )

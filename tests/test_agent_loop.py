@@ -27,8 +27,8 @@ from mia.agent import (
     ToolOutput,
     ToolSet,
     build_tools,
+    protocol,
 )
-from mia.agent import protocol as P
 from mia.agent.images import to_data_url
 from mia.errors import MiaError
 from mia.http import ServerThread, bind_socket
@@ -342,12 +342,14 @@ def test_invalid_calls_become_exact_error_observations() -> None:
     traj = run(loop.run({"question": "q"}))
     obs = [m["content"] for m in traj.messages[3::2]]
     assert obs == [
-        P.format_tool_response('Error: unknown tool "calculator". Available tools: search.'),
-        P.format_tool_response(P.malformed_json_error("Expecting value at line 1 column 1")),
-        P.format_tool_response(
+        protocol.format_tool_response('Error: unknown tool "calculator". Available tools: search.'),
+        protocol.format_tool_response(
+            protocol.malformed_json_error("Expecting value at line 1 column 1")
+        ),
+        protocol.format_tool_response(
             'Error: invalid arguments for search: "query_list" must be a non-empty list of strings'
         ),
-        P.format_tool_response(
+        protocol.format_tool_response(
             'Error: unknown tool "web_image_to_image_search". Available tools: search.'
         ),
     ]
@@ -428,7 +430,7 @@ def test_image_question_and_image_search_once(tmp_path: Path) -> None:
         "\n2. title: Lost picture (image unavailable)\n</tool_response>",
     ]
     assert traj.images[1].size == (16, 16) and len(traj.images) == 2
-    assert traj.messages[5]["content"] == P.format_tool_response(
+    assert traj.messages[5]["content"] == protocol.format_tool_response(
         "Error: web_image_to_image_search can be called only once per question."
     )
     assert [c.error_kind for c in traj.tool_calls] == [None, "limit"]

@@ -26,9 +26,9 @@ from mia.agent import (
     check_format,
     load_agent_config,
     parse_turn,
+    protocol,
     register_tool,
 )
-from mia.agent import protocol as P
 from mia.agent.images import (
     content_with_images,
     fill_image_placeholders,
@@ -101,28 +101,30 @@ def test_missing_close_tag_still_parses_to_the_end() -> None:
 
 def test_exact_error_texts() -> None:
     bad = parse_turn("<tool_call>search for the capital</tool_call>")
-    assert bad.error_kind == P.MALFORMED_JSON
+    assert bad.error_kind == protocol.MALFORMED_JSON
     assert bad.error == (
         "Error: the tool call is not valid JSON (Expecting value at line 1 column 1). "
         'Call one tool as <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}'
         "</tool_call>."
     )
     arr = parse_turn('<tool_call>["search"]</tool_call>')
-    assert arr.error_kind == P.BAD_CALL
+    assert arr.error_kind == protocol.BAD_CALL
     assert arr.error == (
-        "Error: invalid tool call: expected a JSON object, got an array. " + P.CALL_FORMAT_HINT
+        "Error: invalid tool call: expected a JSON object, got an array. "
+        + protocol.CALL_FORMAT_HINT
     )
     noname = parse_turn('<tool_call>{"arguments": {}}</tool_call>')
     assert noname.error == (
-        'Error: invalid tool call: the JSON object needs a string "name". ' + P.CALL_FORMAT_HINT
+        'Error: invalid tool call: the JSON object needs a string "name". '
+        + protocol.CALL_FORMAT_HINT
     )
     badargs = parse_turn('<tool_call>{"name": "search", "arguments": [1]}</tool_call>')
-    assert badargs.error_kind == P.BAD_CALL
+    assert badargs.error_kind == protocol.BAD_CALL
     assert '"arguments" must be an object, got an array' in (badargs.error or "")
-    assert P.unknown_tool_error("calc", ["search"]) == (
+    assert protocol.unknown_tool_error("calc", ["search"]) == (
         'Error: unknown tool "calc". Available tools: search.'
     )
-    assert P.timeout_error("search", 2.5) == "Error: tool search timed out after 2.5 s."
+    assert protocol.timeout_error("search", 2.5) == "Error: tool search timed out after 2.5 s."
 
 
 def test_final_turn_answer_extraction() -> None:
@@ -133,25 +135,25 @@ def test_final_turn_answer_extraction() -> None:
 
 
 def test_tool_response_and_truncation() -> None:
-    assert P.format_tool_response("hits") == "<tool_response>\nhits\n</tool_response>"
+    assert protocol.format_tool_response("hits") == "<tool_response>\nhits\n</tool_response>"
     text = "abcdefghij" * 3
-    assert P.truncate_chars(text, 10) == "abcde...(truncated)...fghij"
-    assert P.truncate_chars(text, 10, "end") == "abcdefghij...(truncated)"
-    assert P.truncate_chars(text, 100) == text
-    assert P.truncate_chars(text, None) == text
+    assert protocol.truncate_chars(text, 10) == "abcde...(truncated)...fghij"
+    assert protocol.truncate_chars(text, 10, "end") == "abcdefghij...(truncated)"
+    assert protocol.truncate_chars(text, 100) == text
+    assert protocol.truncate_chars(text, None) == text
 
 
 def test_tags_balanced() -> None:
-    assert P.tags_balanced("<think>a</think><think>b</think>", "think")
-    assert not P.tags_balanced("<think>a", "think")
-    assert not P.tags_balanced("</think><think>", "think")
+    assert protocol.tags_balanced("<think>a</think><think>b</think>", "think")
+    assert not protocol.tags_balanced("<think>a", "think")
+    assert not protocol.tags_balanced("</think><think>", "think")
 
 
 def test_check_format_follows_the_reward_rules() -> None:
     good_call = '<think>s</think><tool_call>{"name": "search", "arguments": {"query_list": ["q"]}}</tool_call>'
     good_img = '<tool_call>{"name": "web_image_to_image_search", "arguments": {"img_idx": "0"}}</tool_call>'
     final = "<think>done</think><answer>Paris</answer>"
-    assert check_format([good_call, good_img, final]) == P.FormatCheck(True, [])
+    assert check_format([good_call, good_img, final]) == protocol.FormatCheck(True, [])
     result = check_format(
         [
             "<think>open",

@@ -30,7 +30,7 @@ from mia.data.formats import QAItem, write_parquet_qa
 from mia.errors import MiaError
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.prompts.planner import replan_train_messages
 from mia.rl.trainer import Trainer
 from mia.roles.samples import load_samples
@@ -199,7 +199,10 @@ def test_one_executor_grpo_step_through_real_services(tmp_path: Path, search_url
         "Who founded Vorlanic Institute?", PLAN_COLUMN, "TRACE", "MEMORY CONTEXT OF e1", image=True
     )
     assert [m["role"] for m in e1] == [m["role"] for m in want]
-    assert e1[1] == want[1] and e1[4] == {"role": "assistant", "content": PP.REPLAN_TRAIN_DECISION}
+    assert e1[1] == want[1] and e1[4] == {
+        "role": "assistant",
+        "content": planner_text.REPLAN_TRAIN_DECISION,
+    }
     assert e1[5] == want[5]
     assert "<answer>Nobody</answer>" in e1[3]["content"]
     assert "# Retrieved Relevant Memories" in by_plan[PLAN_FROM_SERVICE][1]["content"]

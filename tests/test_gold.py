@@ -36,7 +36,7 @@ from mia.errors import MiaError
 from mia.http import ServerThread
 from mia.judge.rules import RuleJudge
 from mia.llm.scripted import ScriptedChat
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.prompts.planner import plan_messages
 from mia.trace import content_text, format_trace
 
@@ -278,7 +278,10 @@ def test_planner_chat_matches_memory_serve_and_plan_rules(built) -> None:
         expected = plan_messages(context, q.question, image=q.type == "image")
         assert ex.planner_messages[:2] == expected
         reply = ex.planner_messages[2]
-        assert reply["role"] == "assistant" and PP.text_after_think(reply["content"]) == ex.plan
+        assert (
+            reply["role"] == "assistant"
+            and planner_text.text_after_think(reply["content"]) == ex.plan
+        )
         steps = ex.plan.split("\n")
         assert [s.split(".")[0] for s in steps] == [str(i) for i in range(1, len(steps) + 1)]
         if q.type != "comparison":  # a comparison's answer is one of the names it asks about
@@ -297,9 +300,9 @@ def test_reflection_continues_the_plan_chat_with_the_trace_and_says_no(built) ->
         refl = ex.reflection_messages
         assert refl[:3] == ex.planner_messages
         trace = format_trace(ex.question, ex.messages[2:])
-        assert refl[3] == {"role": "user", "content": PP.judge_prompt(trace)}
+        assert refl[3] == {"role": "user", "content": planner_text.judge_prompt(trace)}
         assert refl[4] == {"role": "assistant", "content": REFLECTION_DECISION}
-        assert PP.parse_decision(refl[4]["content"]) is False
+        assert planner_text.parse_decision(refl[4]["content"]) is False
 
 
 # -- determinism, files, CLI, errors ------------------------------------------------------------

@@ -20,7 +20,7 @@ from memory_serve.ttrl import seeded_rng
 from mia.embedding import shared_embedder
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.prompts.manager import choose_plan_prompt, compress_prompt
 from mia.prompts.planner import plan_messages
 from mia.trace import format_trace
@@ -157,7 +157,7 @@ def test_plan_cold_start_then_planner(tmp_path: Path) -> None:
             *expected,
             {"role": "assistant", "content": "<think>cold</think>\n1. Search (q -> a)"},
         ]
-        assert expected[0] == {"role": "system", "content": PP.PLANNER_SYSTEM_PROMPT}
+        assert expected[0] == {"role": "system", "content": planner_text.PLANNER_SYSTEM_PROMPT}
         assert "web_image_to_image_search" not in expected[1]["content"]
 
         client.post(
@@ -176,7 +176,7 @@ def test_plan_cold_start_then_planner(tmp_path: Path) -> None:
         body = client.post(
             "/plan", json={"question": "Which river is this?", "image_caption": ["a river"]}
         ).json()
-        assert body["messages"][1]["content"] == PP.plan_prompt(
+        assert body["messages"][1]["content"] == planner_text.plan_prompt(
             body["context"], "Which river is this?", image=True
         )
         assert "ONLY ONCE" in body["messages"][1]["content"]
@@ -184,14 +184,18 @@ def test_plan_cold_start_then_planner(tmp_path: Path) -> None:
 
 def test_judge_replan_and_replan(tmp_path: Path) -> None:
     def manager_reply(m) -> str:
-        return "no" if m[-1]["content"] == PP.judge_prompt("T") else "1. Cold replan (q -> c)"
+        return (
+            "no"
+            if m[-1]["content"] == planner_text.judge_prompt("T")
+            else "1. Cold replan (q -> c)"
+        )
 
     manager = ScriptedChat(manager_reply)
     planner = ScriptedChat(
         ["<think>doubt</think>\nYes.", "<think>why</think>\n1. Search again (q -> b)"]
     )
     past = [
-        {"role": "system", "content": PP.PLANNER_SYSTEM_PROMPT},
+        {"role": "system", "content": planner_text.PLANNER_SYSTEM_PROMPT},
         {"role": "user", "content": "plan please"},
         {"role": "assistant", "content": "1. Search"},
     ]
@@ -205,7 +209,7 @@ def test_judge_replan_and_replan(tmp_path: Path) -> None:
                 "memory_indices": [1, 2, 3, 4],
             },
         )
-        judge_turn = {"role": "user", "content": PP.judge_prompt("### Question: Q?")}
+        judge_turn = {"role": "user", "content": planner_text.judge_prompt("### Question: Q?")}
         assert r.json() == {
             "need_replan": "yes",  # the reference's text; the boolean is replan_needed
             "replan_needed": True,
@@ -230,7 +234,7 @@ def test_judge_replan_and_replan(tmp_path: Path) -> None:
         # retrieves top_k + pass_num = 2 of each side; an empty store is a cold start (manager).
         history = [*past, judge_turn, {"role": "assistant", "content": "yes"}]
         driver = {"question": "Q?", "past_messages": history, "mem_top_k": 0, "pass_num": 2}
-        replan_turn = {"role": "user", "content": PP.replan_prompt("Q?")}
+        replan_turn = {"role": "user", "content": planner_text.replan_prompt("Q?")}
         r = client.post("/replan", json=driver)
         assert r.json() == {
             "replan": "1. Cold replan (q -> c)",
@@ -283,12 +287,15 @@ def test_replan_train_conversation(tmp_path: Path) -> None:
         )
         assert r.json() == {"replan": True, "content": "1. Verify the date (q -> year)"}
         assert planner.calls[0]["messages"] == [
-            {"role": "system", "content": PP.PLANNER_SYSTEM_PROMPT},
-            {"role": "user", "content": PP.plan_prompt("MEMORY", "When was it built?", image=True)},
+            {"role": "system", "content": planner_text.PLANNER_SYSTEM_PROMPT},
+            {
+                "role": "user",
+                "content": planner_text.plan_prompt("MEMORY", "When was it built?", image=True),
+            },
             {"role": "assistant", "content": "1. Search"},
-            {"role": "user", "content": PP.judge_prompt("TRACE")},
-            {"role": "assistant", "content": PP.REPLAN_TRAIN_DECISION},
-            {"role": "user", "content": PP.replan_prompt("When was it built?")},
+            {"role": "user", "content": planner_text.judge_prompt("TRACE")},
+            {"role": "assistant", "content": planner_text.REPLAN_TRAIN_DECISION},
+            {"role": "user", "content": planner_text.replan_prompt("When was it built?")},
         ]
 
 

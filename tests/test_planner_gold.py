@@ -9,7 +9,7 @@ import pytest
 from mia.apps.planner_gold import planner_memory_examples
 from mia.data.world import World
 from mia.data.world_questions import HELD_OUT_TEMPLATES
-from mia.prompts import manager as M
+from mia.prompts import manager as manager_text
 from mia.prompts.planner import EMPTY_MEMORY
 
 
@@ -26,8 +26,8 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 def _blocks(prompt: str) -> tuple[str, str]:
-    pos_head = prompt.index(M.POSITIVE_HEADER.split("{")[0])
-    neg_head = prompt.index(M.NEGATIVE_HEADER.split("{")[0])
+    pos_head = prompt.index(manager_text.POSITIVE_HEADER.split("{")[0])
+    neg_head = prompt.index(manager_text.NEGATIVE_HEADER.split("{")[0])
     end = prompt.index("## Question")
     return prompt[pos_head:neg_head], prompt[neg_head:end]
 

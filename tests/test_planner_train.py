@@ -30,7 +30,7 @@ from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.models.tiny import build_tokenizer
 from mia.planner.episode import PlannerEpisode, planner_segments
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.rl.episode import Rollout
 from mia.services import ExecutorClient
 from mia.trace import REVISED_PLAN_MARKER, content_text
@@ -137,7 +137,7 @@ def test_one_planner_grpo_step_through_real_services(tmp_path: Path) -> None:
             assert "MEMORIES OF p1" in prompt and r.memory_ids == []
         else:
             assert "Where was Ilsa Drovan's sister born?" in prompt and r.memory_ids == [1]
-        assert r.messages[3]["content"] == PP.judge_prompt(r.first["trace"])
+        assert r.messages[3]["content"] == planner_text.judge_prompt(r.first["trace"])
         assert "<answer>Nobody</answer>" in r.messages[3]["content"]
 
     # serve saw one /execute per rollout with the plan, one /continue per "yes" with the replan.

@@ -19,13 +19,13 @@ from role_fixtures import build_tiny_model, memory_service, reward_service
 from mia.agent import ToolSet, load_agent_config
 from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.trace import content_text
 
 # ----------------------------------------------------------------------------- memory_serve §3.1
 
 PAST = [
-    {"role": "system", "content": PP.PLANNER_SYSTEM_PROMPT},
+    {"role": "system", "content": planner_text.PLANNER_SYSTEM_PROMPT},
     {"role": "user", "content": "plan please"},
     {"role": "assistant", "content": "1. Search"},
 ]
@@ -49,7 +49,7 @@ def test_memory_serve_reference_driver(tmp_path: Path) -> None:
         text = content_text(messages[-1]["content"])
         if text.startswith("Several candidate research plans"):
             return "<think>pick</think>3"
-        if text == PP.judge_prompt("T"):
+        if text == planner_text.judge_prompt("T"):
             return "no"
         if "Please summarize" in text or "summar" in text.lower():
             return "1. Search the thing (q -> a)"
@@ -89,7 +89,7 @@ def test_memory_serve_reference_driver(tmp_path: Path) -> None:
                                     "memory_indices": [1]}]).json()[0]  # fmt: skip
         assert j["need_replan"] == "no" and isinstance(j["need_replan"], str)
         assert j["messages"][-2:] == [
-            {"role": "user", "content": PP.judge_prompt("T")},
+            {"role": "user", "content": planner_text.judge_prompt("T")},
             {"role": "assistant", "content": "no"},
         ]
 
@@ -101,7 +101,7 @@ def test_memory_serve_reference_driver(tmp_path: Path) -> None:
         assert rp["replan"] == "1. Planner plan (q -> b)"
         assert (rp["pos_indices"], rp["neg_indices"]) == ([], [])
         assert rp["messages"][-2] == {
-            "role": "user", "content": PP.replan_prompt("Which river is in city 9?")
+            "role": "user", "content": planner_text.replan_prompt("Which river is in city 9?")
         }  # fmt: skip
 
         # /best_plan: 4 plans sampled at T=1, the memory LLM picks "3".
@@ -144,7 +144,7 @@ def test_serve_reference_plan_and_replan() -> None:
             {"role": "assistant", "content": "<answer>Paris</answer>"}
         ]
         assert plan["trace"].startswith("### Question: Which city?")
-        assert plan["prompt"] == PP.judge_prompt(plan["trace"])
+        assert plan["prompt"] == planner_text.judge_prompt(plan["trace"])
 
         # REPLAN_URL body: the history back, with plan and the supplementary plan.
         body = {"data_id": "q7", "question": "Which city?", "plan": "1. look",
@@ -159,7 +159,7 @@ def test_serve_reference_plan_and_replan() -> None:
             {"role": "assistant", "content": "<answer>Lyon</answer>"},
         ]  # fmt: skip
         assert "Lyon" in out["trace"] and "Paris" not in out["trace"]
-        assert out["prompt"] == PP.judge_prompt(out["trace"])
+        assert out["prompt"] == planner_text.judge_prompt(out["trace"])
         # The rebuilt first prompt is the one /plan used (same images, same plan).
         assert backend.calls[-1]["messages"][:2] == backend.calls[0]["messages"][:2]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from mia.apps import warm_start as W
+from mia.apps import warm_start
 from mia.errors import MiaError
-from mia.rl import sft as S
+from mia.rl import sft
 
 OVERRIDES = [
     "gold_world.seed=0",
@@ -56,29 +56,31 @@ def _leftovers(home: Path) -> list[str]:
 def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
     home: Path, base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recipe = W.warm_recipe("executor", OVERRIDES)
-    real_step = S.SftRun.train_step
+    recipe = warm_start.warm_recipe("executor", OVERRIDES)
+    real_step = sft.SftRun.train_step
     calls = {"n": 0}
 
-    def crash_on_second(self: S.SftRun) -> dict[str, Any]:
+    def crash_on_second(self: sft.SftRun) -> dict[str, Any]:
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("killed mid-way")
         return real_step(self)
 
-    monkeypatch.setattr(S.SftRun, "train_step", crash_on_second)
+    monkeypatch.setattr(sft.SftRun, "train_step", crash_on_second)
     with pytest.raises(RuntimeError, match="killed mid-way"):
-        W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None)
+        warm_start.warm_role_dir(
+            "executor", home=home, base_model_dir=base, recipe=recipe, log=None
+        )
     assert calls["n"] == 2
     assert _leftovers(home) == []  # no half cache, no temporary folder, no run folder
     assert len(list((home / "data" / "gold").glob("*.jsonl"))) == 1  # the gold data is kept
 
-    monkeypatch.setattr(S.SftRun, "train_step", real_step)
+    monkeypatch.setattr(sft.SftRun, "train_step", real_step)
     lines: list[str] = []
-    path = W.warm_role_dir(
+    path = warm_start.warm_role_dir(
         "executor", home=home, base_model_dir=base, recipe=recipe, log=lines.append
     )
-    key = W.recipe_key(recipe, W.base_fingerprint(base))
+    key = warm_start.recipe_key(recipe, warm_start.base_fingerprint(base))
     assert path == home / "models" / f"warm-executor-{key}"
     assert _leftovers(home) == [path.name]
     marker = json.loads((path / "mia-model.json").read_text())
@@ -99,22 +101,29 @@ def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
     def no_rebuild(*_a: Any, **_k: Any) -> None:
         raise AssertionError("a valid cache must not be rebuilt")
 
-    monkeypatch.setattr(S, "train_sft", no_rebuild)
-    again = W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None)
+    monkeypatch.setattr(sft, "train_sft", no_rebuild)
+    again = warm_start.warm_role_dir(
+        "executor", home=home, base_model_dir=base, recipe=recipe, log=None
+    )
     assert again == path
 
 
 def test_a_folder_without_its_marker_is_rebuilt(
     home: Path, base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recipe = W.warm_recipe("executor", [*OVERRIDES, "total_steps=1"])
-    path = W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None)
+    recipe = warm_start.warm_recipe("executor", [*OVERRIDES, "total_steps=1"])
+    path = warm_start.warm_role_dir(
+        "executor", home=home, base_model_dir=base, recipe=recipe, log=None
+    )
     (path / "mia-model.json").unlink()
     built: list[int] = []
-    real = S.train_sft
-    monkeypatch.setattr(S, "train_sft", lambda cfg, **kw: built.append(1) or real(cfg, **kw))
+    real = sft.train_sft
+    monkeypatch.setattr(sft, "train_sft", lambda cfg, **kw: built.append(1) or real(cfg, **kw))
     assert (
-        W.warm_role_dir("executor", home=home, base_model_dir=base, recipe=recipe, log=None) == path
+        warm_start.warm_role_dir(
+            "executor", home=home, base_model_dir=base, recipe=recipe, log=None
+        )
+        == path
     )
     assert built == [1] and (path / "mia-model.json").is_file()
 
@@ -122,33 +131,40 @@ def test_a_folder_without_its_marker_is_rebuilt(
 def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: Path) -> None:
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
 
-    fp = W.base_fingerprint(base)
-    recipe = W.warm_recipe("executor", OVERRIDES)
-    key = W.recipe_key(recipe, fp)
-    assert W.recipe_key(W.warm_recipe("executor", OVERRIDES), fp) == key
+    fp = warm_start.base_fingerprint(base)
+    recipe = warm_start.warm_recipe("executor", OVERRIDES)
+    key = warm_start.recipe_key(recipe, fp)
+    assert warm_start.recipe_key(warm_start.warm_recipe("executor", OVERRIDES), fp) == key
     # where it runs and how it logs is not the recipe
-    same = W.warm_recipe("executor", [*OVERRIDES, "run_dir=/elsewhere", "logging.jsonl=false"])
-    assert W.recipe_key(same, fp) == key
+    same = warm_start.warm_recipe(
+        "executor", [*OVERRIDES, "run_dir=/elsewhere", "logging.jsonl=false"]
+    )
+    assert warm_start.recipe_key(same, fp) == key
     # anything that changes the weights is
     for change in ("policy.optim.lr=0.5", "total_steps=4", "gold_world.seed=3"):
-        changed = W.warm_recipe("executor", [*OVERRIDES, change])
-        assert W.recipe_key(changed, fp) != key, change
-    assert W.recipe_key(W.warm_recipe("planner", OVERRIDES), fp) != key
+        changed = warm_start.warm_recipe("executor", [*OVERRIDES, change])
+        assert warm_start.recipe_key(changed, fp) != key, change
+    assert warm_start.recipe_key(warm_start.warm_recipe("planner", OVERRIDES), fp) != key
     tok = build_tokenizer()
     other = save_tiny(tiny_qwen2(tok, seed=1), tok, tmp_path / "other")
-    assert W.recipe_key(recipe, W.base_fingerprint(other)) != key
-    bumped = {**W.data_fingerprint(), "warm_data_version": W.WARM_DATA_VERSION + 1}
-    assert W._sha(bumped) != W._sha(W.data_fingerprint())
+    assert warm_start.recipe_key(recipe, warm_start.base_fingerprint(other)) != key
+    bumped = {
+        **warm_start.data_fingerprint(),
+        "warm_data_version": warm_start.WARM_DATA_VERSION + 1,
+    }
+    assert warm_start._sha(bumped) != warm_start._sha(warm_start.data_fingerprint())
 
 
 def test_the_shipped_recipes_are_valid() -> None:
-    for role in W.ROLES:
-        cfg = W.WarmStartConfig.from_dict(W.warm_recipe(role))
+    for role in warm_start.ROLES:
+        cfg = warm_start.WarmStartConfig.from_dict(warm_start.warm_recipe(role))
         assert cfg.model_path == "embedded" and cfg.train_top_layers > 0
         assert cfg.data.train == [] and 1 not in cfg.gold_world.seeds  # 1: the held-out world
-    assert W.WarmStartConfig.from_dict(W.warm_recipe("planner")).data.fields == ["planner_messages"]
+    assert warm_start.WarmStartConfig.from_dict(warm_start.warm_recipe("planner")).data.fields == [
+        "planner_messages"
+    ]
     with pytest.raises(MiaError, match="unknown warm-start role"):
-        W.warm_recipe("judge")
+        warm_start.warm_recipe("judge")
 
 
 def test_cache_key_is_the_same_in_every_process() -> None:
@@ -176,7 +192,7 @@ def test_cache_key_is_the_same_in_every_process() -> None:
 
 def test_gold_of_several_worlds_with_alternate_plans_and_a_style(tmp_path: Path) -> None:
     g = {"seed": [0, 2], "size": "small", "limit": 4, "plan": "alternate", "style": "concise"}
-    path = W.gold_world_file(g, tmp_path, say=None)
+    path = warm_start.gold_world_file(g, tmp_path, say=None)
     assert path.name.startswith("w0+2-small-train-")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["id"].split("_")[0] for r in rows] == ["w0"] * 4 + ["w2"] * 4
@@ -185,19 +201,21 @@ def test_gold_of_several_worlds_with_alternate_plans_and_a_style(tmp_path: Path)
         assert r["variant"] == ("plan" if planned else "no_plan")
         assert r["messages"][2]["content"].startswith("<think>\nI need ")
     assert {r["variant"] for r in rows} == {"plan", "no_plan"}
-    assert W.gold_world_file(g, tmp_path, say=None) == path  # cached
-    other = W.gold_world_file({**g, "style": "terse"}, tmp_path, say=None)
+    assert warm_start.gold_world_file(g, tmp_path, say=None) == path  # cached
+    other = warm_start.gold_world_file({**g, "style": "terse"}, tmp_path, say=None)
     assert other != path
 
 
 def test_gold_world_config_checks_seeds_plan_and_style() -> None:
-    assert W.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
-    assert W.GoldWorldConfig(seed=5).seeds == [5]
+    assert warm_start.GoldWorldConfig(seed=[3, 4]).validate().seeds == [3, 4]
+    assert warm_start.GoldWorldConfig(seed=5).seeds == [5]
     for bad in ({"seed": [1, 1]}, {"seed": -1}, {"seed": []}, {"plan": "often"},
                 {"style": "chatty"}):  # fmt: skip
         with pytest.raises(MiaError, match="gold_world"):
-            W.GoldWorldConfig(**bad).validate()
-    cfg = W.WarmStartConfig.from_dict(W.warm_recipe("executor", ["gold_world.seed=[2,3]"]))
+            warm_start.GoldWorldConfig(**bad).validate()
+    cfg = warm_start.WarmStartConfig.from_dict(
+        warm_start.warm_recipe("executor", ["gold_world.seed=[2,3]"])
+    )
     assert cfg.gold_world.seeds == [2, 3]
 
 
@@ -209,22 +227,22 @@ def test_a_shipped_adapter_stands_in_for_the_training(
     import torch
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setattr(W, "shipped_dir", lambda: tmp_path / "assets")
+    monkeypatch.setattr(warm_start, "shipped_dir", lambda: tmp_path / "assets")
     overrides = [*OVERRIDES, "total_steps=2", "policy.lora.rank=4", "policy.lora.alpha=8"]
-    out = W.ship("executor", home=tmp_path / "a", base_model_dir=base, overrides=overrides,
+    out = warm_start.ship("executor", home=tmp_path / "a", base_model_dir=base, overrides=overrides,
                  log=None)  # fmt: skip
-    recipe = W.warm_recipe("executor", overrides)
-    key = W.recipe_key(recipe, W.base_fingerprint(base))
+    recipe = warm_start.warm_recipe("executor", overrides)
+    key = warm_start.recipe_key(recipe, warm_start.base_fingerprint(base))
     assert out == tmp_path / "assets" / f"warm-executor-{key}.safetensors"
-    assert W.shipped_adapters() == {"executor": (key, out)}
-    trained = W.warm_cache_dir("executor", key, tmp_path / "a")
+    assert warm_start.shipped_adapters() == {"executor": (key, out)}
+    trained = warm_start.warm_cache_dir("executor", key, tmp_path / "a")
 
     def no_training(*_a: Any, **_k: Any) -> None:
         raise AssertionError("the shipped adapter must stand in for the training")
 
-    monkeypatch.setattr(S, "train_sft", no_training)
+    monkeypatch.setattr(sft, "train_sft", no_training)
     lines: list[str] = []
-    got = W.warm_role_dir(
+    got = warm_start.warm_role_dir(
         "executor", home=tmp_path / "b", base_model_dir=base, recipe=recipe, log=lines.append
     )
     marker = json.loads((got / "mia-model.json").read_text())
@@ -237,10 +255,10 @@ def test_a_shipped_adapter_stands_in_for_the_training(
     base_logits = AutoModelForCausalLM.from_pretrained(str(base)).float()(ids).logits.detach()
     assert not torch.allclose(want, base_logits, atol=1e-4)  # the training changed the model
     torch.testing.assert_close(have, want, atol=2e-3, rtol=0)  # float16 factors
-    assert W.shipped_adapter("executor", "0" * 16) is None  # another recipe trains
+    assert warm_start.shipped_adapter("executor", "0" * 16) is None  # another recipe trains
     # --ship of the same recipe reuses the trained folder and replaces nothing else
-    monkeypatch.setattr(S, "train_sft", no_training)
-    assert W.ship("executor", home=tmp_path / "a", base_model_dir=base, overrides=overrides,
+    monkeypatch.setattr(sft, "train_sft", no_training)
+    assert warm_start.ship("executor", home=tmp_path / "a", base_model_dir=base, overrides=overrides,
                   log=None) == out  # fmt: skip
 
 
@@ -249,11 +267,11 @@ def test_the_shipped_adapters_are_those_of_the_recipes() -> None:
     was not rebuilt (python -m mia.apps.warm_start ROLE --ship)."""
     from mia.models.adapter import read_adapter
 
-    shipped = W.shipped_adapters()
-    assert sorted(shipped) == sorted(W.SHIPPED_ROLES)
-    fp = W.embedded_fingerprint()
+    shipped = warm_start.shipped_adapters()
+    assert sorted(shipped) == sorted(warm_start.SHIPPED_ROLES)
+    fp = warm_start.embedded_fingerprint()
     for role, (key, path) in shipped.items():
-        want = W.recipe_key(W.warm_recipe(role), fp)
+        want = warm_start.recipe_key(warm_start.warm_recipe(role), fp)
         assert key == want, f"rebuild it: python -m mia.apps.warm_start {role} --ship"
         _, meta = read_adapter(path)
         assert (meta["role"], meta["key"]) == (role, key)
@@ -267,11 +285,17 @@ def test_planner_gold_changes_retrain_only_the_recipes_that_use_it(
     gold_world.planner_memory (the Planner's) and of no other (the Executor's adapter stays)."""
     from mia.apps import planner_gold
 
-    fp = W.embedded_fingerprint()
-    before = {role: W.recipe_key(W.warm_recipe(role), fp) for role in ("executor", "planner")}
+    fp = warm_start.embedded_fingerprint()
+    before = {
+        role: warm_start.recipe_key(warm_start.warm_recipe(role), fp)
+        for role in ("executor", "planner")
+    }
     readings = {**planner_gold.READINGS, "person.from": ("birth_city",)}
     monkeypatch.setattr(planner_gold, "READINGS", readings)
-    after = {role: W.recipe_key(W.warm_recipe(role), fp) for role in ("executor", "planner")}
+    after = {
+        role: warm_start.recipe_key(warm_start.warm_recipe(role), fp)
+        for role in ("executor", "planner")
+    }
     assert after["executor"] == before["executor"]
     assert after["planner"] != before["planner"]
 
@@ -283,7 +307,7 @@ def test_the_gold_data_is_pinned(tmp_path: Path) -> None:
     import hashlib
 
     g = {"seed": 0, "size": "small", "limit": 6, "plan": "alternate", "style": "concise"}
-    data = W.gold_world_file(g, tmp_path, say=None).read_bytes()
+    data = warm_start.gold_world_file(g, tmp_path, say=None).read_bytes()
     assert hashlib.sha256(data).hexdigest()[:16] == GOLD_DIGEST
 
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from memory_serve.proxy.relay import Proxy
 from memory_serve.proxy.tasks import TaskStore, conversation_key, inject, tasks_path
 from memory_serve.service import MemoryService
-from mia.services import memory as S
+from mia.services import memory as memory_api
 
 
 def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -65,7 +65,9 @@ def proxy_routes(proxy: Proxy) -> APIRouter:
     chat_body = {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": _inline_schema(S.ProxyChatRequest)}},
+            "content": {
+                "application/json": {"schema": _inline_schema(memory_api.ProxyChatRequest)}
+            },
         }
     }
 
@@ -79,12 +81,12 @@ def proxy_routes(proxy: Proxy) -> APIRouter:
         """The upstream's model list."""
         return await proxy.models(request)
 
-    @router.post("/v1/feedback", response_model=S.FeedbackResponse)
-    async def feedback(body: S.FeedbackRequest) -> Any:
+    @router.post("/v1/feedback", response_model=memory_api.FeedbackResponse)
+    async def feedback(body: memory_api.FeedbackRequest) -> Any:
         """The outcome of a task: its conversation is written to memory (once)."""
         return await proxy.feedback(body)
 
-    @router.get("/v1/tasks/{task_id}", response_model=S.TaskInfo)
+    @router.get("/v1/tasks/{task_id}", response_model=memory_api.TaskInfo)
     async def task(task_id: str) -> Any:
         """A task's question, plan, memories used, turns and status."""
         return await proxy.task(task_id)

@@ -39,7 +39,7 @@ from memory_serve.proxy.upstream import (
 )
 from memory_serve.service import MemoryService
 from mia.http import ApiError, error_response
-from mia.services import memory as S
+from mia.services import memory as memory_api
 from mia.trace import content_text
 
 log = logging.getLogger("memory_serve.proxy")
@@ -133,7 +133,7 @@ class Proxy:
         mode = self.cfg.inject
         if mode == "none":
             return "", "", [], "none"
-        q = S.MemoryQuery(question=question)
+        q = memory_api.MemoryQuery(question=question)
         try:
             if mode == "plan" and self.service.planner is not None:
                 out = await self.service.planning.plan(q)
@@ -151,7 +151,7 @@ class Proxy:
 
     async def chat(self, request: Request, body: dict[str, Any]) -> Response:
         try:
-            parsed = S.ProxyChatRequest.model_validate(body)
+            parsed = memory_api.ProxyChatRequest.model_validate(body)
         except ValidationError as err:
             where = ".".join(str(x) for x in err.errors()[0].get("loc", ()))
             raise ApiError(422, f"{where or 'body'}: {err.errors()[0].get('msg')}") from None
@@ -176,7 +176,10 @@ class Proxy:
             return answer
 
     async def _task_for(
-        self, parsed: S.ProxyChatRequest, raw_messages: list[dict[str, Any]], first_user: int
+        self,
+        parsed: memory_api.ProxyChatRequest,
+        raw_messages: list[dict[str, Any]],
+        first_user: int,
     ) -> tuple[Task | None, str]:
         """The request's task and how it was planned: a new one (planned now) while no
         assistant turn exists yet, else the conversation's latest."""
@@ -287,7 +290,7 @@ class Proxy:
         resp = await self._send(request, "/models", None, stream=False)
         return Response(resp.content, resp.status_code, relayed_headers(resp, {}))
 
-    async def feedback(self, req: S.FeedbackRequest) -> S.FeedbackResponse:
+    async def feedback(self, req: memory_api.FeedbackRequest) -> memory_api.FeedbackResponse:
         if req.correct is None and req.judgement is None:
             raise ApiError(422, "give the outcome: correct (true/false) or judgement")
         if req.task_id:
@@ -304,7 +307,7 @@ class Proxy:
             raise ApiError(409, "this task's outcome was already recorded", "already_recorded")
         judgement = req.judgement if req.judgement is not None else bool(req.correct)
         first_user = next(i for i, m in enumerate(task.messages) if m.get("role") == "user")
-        item = S.TrajectoryItem.model_validate(
+        item = memory_api.TrajectoryItem.model_validate(
             {
                 "question": task.question,
                 "judgement": judgement,
@@ -324,19 +327,19 @@ class Proxy:
             raise
         outcome = saved.results[0]
         await asyncio.to_thread(self.tasks.finish, task.task_id, outcome.model_dump())
-        return S.FeedbackResponse(status="recorded", task_id=task.task_id, result=outcome)
+        return memory_api.FeedbackResponse(status="recorded", task_id=task.task_id, result=outcome)
 
-    async def task(self, task_id: str) -> S.TaskInfo:
+    async def task(self, task_id: str) -> memory_api.TaskInfo:
         task = await asyncio.to_thread(self.tasks.get, task_id)
         if task is None:
             raise ApiError(404, "no such task (unknown, or expired)", "no_such_task")
-        return S.TaskInfo(
+        return memory_api.TaskInfo(
             task_id=task.task_id,
             question=task.question,
             plan=task.plan,
             memory_ids=task.memory_ids,
             turns=task.turns,
             status=task.status,
-            result=S.WriteOutcome(**task.result) if task.result else None,
+            result=memory_api.WriteOutcome(**task.result) if task.result else None,
             created_at=task.created_at,
         )

@@ -32,7 +32,7 @@ from mia.prompts import executor as prompts
 from mia.trace import truncate_words
 from mia.vision import ImageSource
 
-from . import protocol as P
+from . import protocol
 from .config import AgentConfig
 from .images import content_with_images, fill_image_placeholders, message_images, prepare_image
 from .policy import Policy
@@ -185,13 +185,13 @@ class ExecutorLoop:
         # Per-question tool limits (image search once) count the calls already made.
         counts: dict[str, int] = {}
         for text in traj.assistant_texts():
-            parsed = P.parse_turn(text)
+            parsed = protocol.parse_turn(text)
             if parsed.call is not None:
                 counts[parsed.call.name] = counts.get(parsed.call.name, 0) + 1
         traj.state["tool_counts"] = counts
         last = traj.assistant_texts()[-1]
         traj.final_text = last
-        traj.answer = traj.attempts[-1].answer = P.extract_answer(last)
+        traj.answer = traj.attempts[-1].answer = protocol.extract_answer(last)
         traj.stop_reason = traj.attempts[-1].stop_reason = STOP_ANSWER
         return traj
 
@@ -255,12 +255,12 @@ class ExecutorLoop:
             traj.completion_tokens += gen.completion_tokens
             traj.messages.append({"role": "assistant", "content": gen.text})
             traj.final_text = gen.text
-            parsed = P.parse_turn(gen.text)
+            parsed = protocol.parse_turn(gen.text)
             if not parsed.has_tool_call:
                 # A reply cut by max_tokens still counts as final (the reference's behaviour);
                 # the stop reason tells the two apart.
                 reason = STOP_LENGTH if gen.finish_reason == "length" else STOP_ANSWER
-                self._stop(traj, reason, P.extract_answer(gen.text))
+                self._stop(traj, reason, protocol.extract_answer(gen.text))
                 return
             if answer_now:
                 self._stop(traj, STOP_IGNORED_ANSWER_NOW)
@@ -297,7 +297,7 @@ class ExecutorLoop:
         traj.answer = attempt.answer = answer
 
     # ------------------------------------------------------------------ tools
-    async def _dispatch(self, traj: Trajectory, parsed: P.ParsedTurn) -> ToolOutput:
+    async def _dispatch(self, traj: Trajectory, parsed: protocol.ParsedTurn) -> ToolOutput:
         record = ToolCallRecord(
             turn=traj.turns,
             attempt=len(traj.attempts) - 1,
@@ -318,7 +318,9 @@ class ExecutorLoop:
             tool = self.tools.get(call.name) if call.name in available else None
             if tool is None:
                 output = ToolOutput(
-                    P.unknown_tool_error(call.name, available), error=True, kind=P.UNKNOWN_TOOL
+                    protocol.unknown_tool_error(call.name, available),
+                    error=True,
+                    kind=protocol.UNKNOWN_TOOL,
                 )
             else:
                 counts = traj.state.setdefault("tool_counts", {})
@@ -338,7 +340,7 @@ class ExecutorLoop:
         record.result_chars = len(output.text)
         record.images = len(output.images)
         traj.tool_calls.append(record)
-        if output.error and output.kind in P.TOOL_FAILURES:
+        if output.error and output.kind in protocol.TOOL_FAILURES:
             traj.tool_errors.append(f"{record.name}: {output.text.removeprefix('Error: ')}")
         return output
 
@@ -349,30 +351,36 @@ class ExecutorLoop:
             output = await asyncio.wait_for(tool(clean, ctx), timeout)
         except ToolArgumentError as err:
             return ToolOutput(
-                P.bad_arguments_error(tool.name, str(err)), error=True, kind=P.BAD_ARGUMENTS
+                protocol.bad_arguments_error(tool.name, str(err)),
+                error=True,
+                kind=protocol.BAD_ARGUMENTS,
             )
         except ToolServiceError as err:
-            return ToolOutput(f"Error: {err}", error=True, kind=P.SERVICE)
+            return ToolOutput(f"Error: {err}", error=True, kind=protocol.SERVICE)
         except TimeoutError:
-            return ToolOutput(P.timeout_error(tool.name, timeout), error=True, kind=P.TIMEOUT)
+            return ToolOutput(
+                protocol.timeout_error(tool.name, timeout), error=True, kind=protocol.TIMEOUT
+            )
         except Exception as err:  # a buggy tool must not end the rollout
             log.exception("tool %s failed", tool.name)
-            return ToolOutput(P.internal_error(tool.name, err), error=True, kind=P.INTERNAL)
+            return ToolOutput(
+                protocol.internal_error(tool.name, err), error=True, kind=protocol.INTERNAL
+            )
         if not isinstance(output, ToolOutput):
             return ToolOutput(
-                P.internal_error(tool.name, TypeError(f"returned {type(output).__name__}")),
+                protocol.internal_error(tool.name, TypeError(f"returned {type(output).__name__}")),
                 error=True,
-                kind=P.INTERNAL,
+                kind=protocol.INTERNAL,
             )
         if output.error and output.kind is None:
-            output.kind = P.INTERNAL
+            output.kind = protocol.INTERNAL
         return output
 
     def _truncate(self, output: ToolOutput) -> str:
         if output.images:  # never cut through the image placeholders
             return output.text
         text = truncate_words(output.text, self.cfg.tool_output_max_words)
-        return P.truncate_chars(text, self.cfg.tool_output_max_chars, self.cfg.truncate_side)
+        return protocol.truncate_chars(text, self.cfg.tool_output_max_chars, self.cfg.truncate_side)
 
     def _observation(self, traj: Trajectory, output: ToolOutput) -> Message:
         cfg = self.cfg
@@ -383,7 +391,7 @@ class ExecutorLoop:
         if cfg.observation_role == "tool":
             content = content_with_images(output.text, output.images, cfg.image_format)
             return {"role": "tool", "content": content}
-        text = P.format_tool_response(output.text)
+        text = protocol.format_tool_response(output.text)
         return {
             "role": "user",
             "content": content_with_images(text, output.images, cfg.image_format),

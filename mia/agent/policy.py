@@ -30,7 +30,7 @@ from mia.errors import MiaError
 from mia.llm.base import ChatBackend, LLMError, Message, SamplingParams
 from mia.trace import content_text
 
-from . import protocol as P
+from . import protocol
 from .images import is_image_part, message_images
 from .trajectory import ASSISTANT, END_OF_TURN, Segment, Trajectory
 
@@ -167,15 +167,15 @@ class ChatPolicy:
     async def generate(self, traj: Trajectory, params: SamplingParams) -> Generation:
         res = await self.backend.chat(traj.messages, params)
         raw = text = res.text
-        start = text.find(P.TOOL_CALL_OPEN)
+        start = text.find(protocol.TOOL_CALL_OPEN)
         if (
             res.finish_reason == "stop"
             and start != -1
-            and P.TOOL_CALL_CLOSE not in text[start:]
-            and P.TOOL_CALL_CLOSE in (params.stop or [])
+            and protocol.TOOL_CALL_CLOSE not in text[start:]
+            and protocol.TOOL_CALL_CLOSE in (params.stop or [])
         ):
-            text += P.TOOL_CALL_CLOSE  # the server consumed our stop string
-        text = P.cut_after_tool_call(text)
+            text += protocol.TOOL_CALL_CLOSE  # the server consumed our stop string
+        text = protocol.cut_after_tool_call(text)
         same = text == raw and res.token_ids is not None
         traj.segments.append(
             Segment(
@@ -206,7 +206,7 @@ class ChatPolicy:
     def drop_answer(self, traj: Trajectory) -> str:
         idx = _last_assistant_message(traj)
         text = content_text(traj.messages[idx].get("content"))
-        cut = text.find(P.ANSWER_OPEN)
+        cut = text.find(protocol.ANSWER_OPEN)
         if cut == -1:
             return text
         kept = text[:cut]
@@ -449,11 +449,11 @@ class TokenPolicy:
         text = self.decode(body)
         cut: int | None = None
         through = False
-        close = text.find(P.TOOL_CALL_CLOSE)
+        close = text.find(protocol.TOOL_CALL_CLOSE)
         if close != -1:
-            cut, through = close + len(P.TOOL_CALL_CLOSE), True
+            cut, through = close + len(protocol.TOOL_CALL_CLOSE), True
         for stop in stops:
-            if not stop or stop == P.TOOL_CALL_CLOSE:
+            if not stop or stop == protocol.TOOL_CALL_CLOSE:
                 continue
             at = text.find(stop)
             if at != -1 and (cut is None or at < cut):
@@ -500,7 +500,7 @@ class TokenPolicy:
         ended = bool(ids) and ids[-1] in self.eos_ids
         body = ids[:-1] if ended else ids
         text = self.decode(body)
-        cut = text.find(P.ANSWER_OPEN)
+        cut = text.find(protocol.ANSWER_OPEN)
         if cut == -1:
             return text
         keep = self._prefix_tokens(body, cut, through=False)

@@ -39,7 +39,7 @@ from PIL import Image
 from mia.errors import MiaError
 from mia.prompts.executor import IMAGE_TOKEN
 
-from . import protocol as P
+from . import protocol
 
 
 class ToolArgumentError(MiaError):
@@ -458,7 +458,7 @@ class ImageSearchTool(Tool):
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         if self.once and ctx.counts.get(self.name, 0) >= 1:
-            return ToolOutput(ONCE_ERROR.format(name=self.name), error=True, kind=P.LIMIT)
+            return ToolOutput(ONCE_ERROR.format(name=self.name), error=True, kind=protocol.LIMIT)
         idx = args["img_idx"]
         if not 0 <= idx < max(ctx.num_images, 1):
             raise ToolArgumentError(

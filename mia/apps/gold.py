@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from mia.data.world_questions import BRIDGES, QUESTION_TYPES, Facts, contains
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.prompts.planner import EMPTY_MEMORY, plan_messages
 from mia.trace import content_text
 
@@ -860,7 +860,7 @@ async def _replay_one(
     planner = planner_messages(q.question, writer.planner_reply(q, plan), image=q.type == "image")
     reflection = [
         *planner,
-        {"role": "user", "content": PP.judge_prompt(traj.trace)},
+        {"role": "user", "content": planner_text.judge_prompt(traj.trace)},
         {"role": "assistant", "content": REFLECTION_DECISION},
     ]
     return GoldExample(

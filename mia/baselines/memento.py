@@ -21,7 +21,7 @@ from mia.baselines.base import (
     query_text,
 )
 from mia.baselines.config import MementoConfig
-from mia.prompts import manager as M
+from mia.prompts import manager as manager_text
 
 KIND = "case"
 CORRECT_HEADER = "## Correct plans from similar past questions ({n})"
@@ -39,7 +39,7 @@ def format_case(i: int, it: Item) -> str:
 
 def section(header: str, cases: list[Item]) -> str:
     if not cases:
-        return f"{header.format(n=0)}\n{M.NONE_FOUND}"
+        return f"{header.format(n=0)}\n{manager_text.NONE_FOUND}"
     return (
         header.format(n=len(cases))
         + "\n"
@@ -56,7 +56,11 @@ class MementoMemory(StoreMemory[MementoConfig]):
         good = [it for it in hits if it.data.get("reward") == 1]
         bad = [it for it in hits if it.data.get("reward") != 1]
         context = "\n\n".join(
-            [M.CONTEXT_HEADER, section(CORRECT_HEADER, good), section(INCORRECT_HEADER, bad)]
+            [
+                manager_text.CONTEXT_HEADER,
+                section(CORRECT_HEADER, good),
+                section(INCORRECT_HEADER, bad),
+            ]
         )
         return Retrieval.of(context, good + bad)
 

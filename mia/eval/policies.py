@@ -57,7 +57,7 @@ from mia.judge import Judge, JudgeError
 from mia.llm.base import LLMError
 from mia.planner.flow import FlowConfig, Planner, PlannerFlow, PlannerRun, Task
 from mia.planner.planners import ConversationPlanner, GuidePlanner, NoPlanner, RemotePlanner
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
 from mia.trace import content_text, expected_extra, format_trace
 
@@ -211,7 +211,9 @@ class BaselinePlanner:
     async def plan(self, run: PlannerRun) -> bool:
         context = await _baseline_retrieve(self.memory, run)
         run.task = dataclasses.replace(
-            run.task, memory_context=context or PP.EMPTY_MEMORY, memory_ids=list(run.memory_ids)
+            run.task,
+            memory_context=context or planner_text.EMPTY_MEMORY,
+            memory_ids=list(run.memory_ids),
         )
         if not await self.inner.plan(run):
             run.planner_errors.append("plan prompt leaves the Planner no room")

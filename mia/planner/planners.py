@@ -22,7 +22,7 @@ from mia.embedding import question_names
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.planner.flow import PlannerRun
-from mia.prompts import planner as PP
+from mia.prompts import planner as planner_text
 from mia.services import MemoryClient, RequestFailed
 
 # Segment kinds of the Planner's injected turns (token view).
@@ -79,7 +79,7 @@ def image_prompt(run: PlannerRun, variant: str) -> bool:
     """The plan prompt's variant: ``auto`` = the image prompt iff the question has a caption."""
     if variant != "auto":
         return variant == "image"
-    return PP.is_image_question(run.task.image_caption, run.task.modality)
+    return planner_text.is_image_question(run.task.image_caption, run.task.modality)
 
 
 async def retrieve(
@@ -90,7 +90,7 @@ async def retrieve(
     if t.memory_context:
         return t.memory_context, list(t.memory_ids or [])
     if memory is None:
-        return PP.EMPTY_MEMORY, []
+        return planner_text.EMPTY_MEMORY, []
     out = await memory.memory(
         t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=top_k
     )
@@ -110,7 +110,7 @@ class EmptyReply(MiaError):
 
 
 def _answer(text: str) -> str | None:
-    return PP.text_after_think(text) or None
+    return planner_text.text_after_think(text) or None
 
 
 class ConversationPlanner:
@@ -198,7 +198,7 @@ class ConversationPlanner:
     # ---- the steps
     async def plan(self, run: PlannerRun) -> bool:
         run.memory_context, run.memory_ids = await retrieve(self.memory, run, self.memory_top_k)
-        messages = PP.plan_messages(
+        messages = planner_text.plan_messages(
             run.memory_context, run.question, image=image_prompt(run, self.image_variant)
         )
         conv = await self.start(run, messages)
@@ -206,29 +206,32 @@ class ConversationPlanner:
         if text is None:
             return False
         run.planner = self.name
-        run.plan_raw, run.plan = text, PP.text_after_think(text)
+        run.plan_raw, run.plan = text, planner_text.text_after_think(text)
         return True
 
     async def reflect(self, run: PlannerRun, trace: str) -> bool:
         conv = run.conversation
-        if not self._inject(conv, PP.judge_turn(trace), JUDGE_TURN):
+        if not self._inject(conv, planner_text.judge_turn(trace), JUDGE_TURN):
             return False
         text = await self._say(
-            conv, self.limits.decision_max_tokens, "yes/no decision", PP.parse_decision_strict
+            conv,
+            self.limits.decision_max_tokens,
+            "yes/no decision",
+            planner_text.parse_decision_strict,
         )
         if text is None:
             return False
-        run.decision_raw, run.need_replan = text, PP.parse_decision(text)
+        run.decision_raw, run.need_replan = text, planner_text.parse_decision(text)
         return True
 
     async def replan(self, run: PlannerRun, memory: str | None = None) -> bool:
         conv = run.conversation
-        if not self._inject(conv, PP.replan_turn(run.question, memory), REPLAN_TURN):
+        if not self._inject(conv, planner_text.replan_turn(run.question, memory), REPLAN_TURN):
             return False
         text = await self._say(conv, self.limits.replan_max_tokens, "revised plan", _answer)
         if text is None:
             return False
-        run.replan_raw, run.replan = text, PP.text_after_think(text)
+        run.replan_raw, run.replan = text, planner_text.text_after_think(text)
         return True
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from mia.llm.think import text_after_think
-from mia.prompts import manager as M
+from mia.prompts import manager as manager_text
 
 Message = dict[str, Any]
 FEEDBACK_KEYS = ("evaluator_1_feedback", "evaluator_2_feedback", "evaluator_3_feedback")
@@ -129,8 +129,10 @@ class MemoryView(Protocol):
 
 
 def format_example(i: int, rec: MemoryView) -> str:
-    caption = M.CAPTION_LINE.format(caption=rec.image_caption) if rec.image_caption else ""
-    lines = M.EXAMPLE_LINES.format(
+    caption = (
+        manager_text.CAPTION_LINE.format(caption=rec.image_caption) if rec.image_caption else ""
+    )
+    lines = manager_text.EXAMPLE_LINES.format(
         modality=rec.modality,
         judgement=rec.judgement,
         question=rec.question,
@@ -139,23 +141,23 @@ def format_example(i: int, rec: MemoryView) -> str:
     )
     # No-ground-truth runs store the review panel's feedback; the Planner sees it too.
     feedback = [
-        M.FEEDBACK_LINE.format(i=n, feedback=rec.extra[key])
+        manager_text.FEEDBACK_LINE.format(i=n, feedback=rec.extra[key])
         for n, key in enumerate(FEEDBACK_KEYS, start=1)
         if rec.extra.get(key)
     ]
     # Failures written with the ground truth (memory.remember_expected): what was expected.
     expected = []
     if rec.extra.get("expected"):
-        expected.append(M.EXPECTED_LINE.format(answer=rec.extra["expected"]))
+        expected.append(manager_text.EXPECTED_LINE.format(answer=rec.extra["expected"]))
         if rec.extra.get("evidence"):
-            expected.append(M.EVIDENCE_LINE.format(evidence=rec.extra["evidence"]))
+            expected.append(manager_text.EVIDENCE_LINE.format(evidence=rec.extra["evidence"]))
     body = "\n".join([lines, *feedback, *expected])
-    return f"{M.EXAMPLE_HEADER.format(i=i)}\n{body}"
+    return f"{manager_text.EXAMPLE_HEADER.format(i=i)}\n{body}"
 
 
 def _section(header: str, records: Sequence[MemoryView]) -> str:
     if not records:
-        return f"{header.format(n=0)}\n{M.NONE_FOUND}"
+        return f"{header.format(n=0)}\n{manager_text.NONE_FOUND}"
     blocks = [format_example(i, rec) for i, rec in enumerate(records, start=1)]
     return header.format(n=len(records)) + "\n" + "\n\n".join(blocks)
 
@@ -164,9 +166,9 @@ def memory_context(positives: Sequence[MemoryView], negatives: Sequence[MemoryVi
     """Retrieved memories as the text block of the plan prompt: successes, then failures."""
     return "\n\n".join(
         [
-            M.CONTEXT_HEADER,
-            _section(M.POSITIVE_HEADER, positives),
-            _section(M.NEGATIVE_HEADER, negatives),
+            manager_text.CONTEXT_HEADER,
+            _section(manager_text.POSITIVE_HEADER, positives),
+            _section(manager_text.NEGATIVE_HEADER, negatives),
         ]
     )
 
