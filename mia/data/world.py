@@ -32,8 +32,10 @@ from mia.data.world_corpus import (
 )
 from mia.data.world_entities import Entity, EntityBuilder
 from mia.data.world_io import DATA_SOURCE, write_world
+from mia.data.world_lexicon import LEGACY, Lexicon, lexicon_for
 from mia.data.world_questions import QUESTION_TYPES, QuestionMaker, TextIndex, question_problems
 from mia.data.world_questions import Question as Question
+from mia.data.world_styles import DrawnPassageWriter
 from mia.data.world_text import Passage, build_passages
 from mia.errors import MiaError
 
@@ -181,8 +183,10 @@ class World:
         passages: list[Passage],
         questions: list[Question],
         image_search: dict[str, list[CacheResult]],
+        lexicon: Lexicon = LEGACY,
     ) -> None:
         self.seed = seed
+        self.lexicon = lexicon  # how this world words things (mia.data.world_lexicon)
         self.size = size
         self.config = config
         self.entities = entities
@@ -228,21 +232,29 @@ class World:
         def stream(stage: str) -> random.Random:
             return random.Random(f"mia-world:{seed}:{stage}")
 
+        lexicon = lexicon_for(seed)
         say("entities")
         builder = EntityBuilder(stream("entities"), cfg)
         entities = builder.build()
-        say(f"passages ({len(entities)} entities)")
-        passages = build_passages(stream("passages"), entities, builder.names, cfg.events)
+        say(f"passages ({len(entities)} entities, {lexicon.style})")
+        rng = stream("passages")
+        writer = (
+            None if lexicon.legacy else DrawnPassageWriter(rng, entities, builder.names, lexicon)
+        )
+        passages = build_passages(rng, entities, builder.names, cfg.events, writer)
         say(f"questions ({len(passages)} passages)")
         index = TextIndex(passages)
         captions = {e.id: e.emblem.caption() for e in entities.values() if e.emblem}
-        maker = QuestionMaker(stream("questions"), entities, passages, index, captions)
+        maker = QuestionMaker(
+            stream("questions"), entities, passages, index, captions,
+            None if lexicon.legacy else lexicon,
+        )  # fmt: skip
         quotas = {t: getattr(cfg, t) for t in QUESTION_TYPES}
         by_type = {t: maker.select(t, quotas[t]) for t in QUESTION_TYPES}
         questions = _assign_splits(stream("splits"), by_type, cfg.test_fraction, seed)
         say(f"images ({sum(q.type == 'image' for q in questions)} image questions)")
         image_search = _draw_images(stream("images"), entities, questions, cfg)
-        world = cls(seed, size_name, cfg, entities, passages, questions, image_search)
+        world = cls(seed, size_name, cfg, entities, passages, questions, image_search, lexicon)
         world._text_index = index
         return world
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from mia.data.formats import QAItem, write_jsonl_qa, write_parquet_qa
+from mia.data.world_lexicon import seed_ranges
 from mia.errors import MiaError
 from mia.paths import atomic_dir
 
@@ -127,5 +128,9 @@ def write_world(
             },
             "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
         }
+        if not world.lexicon.legacy:
+            # Drawn worlds say how they word things, conventions included (docs/world.md).
+            manifest["range"] = seed_ranges().of(world.seed)
+            manifest["lexicon"] = world.lexicon.to_dict()
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return manifest

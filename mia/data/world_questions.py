@@ -274,11 +274,16 @@ def contains(text: str, phrase: str) -> bool:
 
 
 class Facts:
-    """Answers (canonical + aliases) and passage lookups for entity relations."""
+    """Answers (canonical + aliases) and passage lookups for entity relations. ``lexicon``
+    (:class:`mia.data.world_lexicon.Lexicon`): how questions are worded; None = the fixed
+    wordings of this module (world format 1)."""
 
-    def __init__(self, entities: dict[str, Entity], passages: list[Passage]) -> None:
+    def __init__(
+        self, entities: dict[str, Entity], passages: list[Passage], lexicon: Any = None
+    ) -> None:
         self.e = entities
         self.passage_of = {p.entity_id: p for p in passages if p.entity_id}
+        self.lexicon = lexicon
 
     def relations(self, ent: Entity) -> list[str]:
         rels = list(TEMPLATES[ent.kind])
@@ -338,10 +343,11 @@ class Facts:
         raise KeyError(f"{ent.kind}.{rel}")
 
     def template(self, ent: Entity, rel: str) -> str:
+        lex = self.lexicon
         if ent.kind == "work":
-            verbs = WORK_VERBS[ent.attrs["wtype"]]
+            verbs = (lex.work_verbs if lex else WORK_VERBS)[ent.attrs["wtype"]]
             return verbs[["creator", "year", "producer"].index(rel)]
-        return TEMPLATES[ent.kind][rel]
+        return (lex.templates if lex else TEMPLATES)[ent.kind][rel]
 
 
 # Bridges: (subject kind, description of the bridge entity, attribute holding the bridge id).
@@ -402,13 +408,20 @@ class QuestionMaker:
         passages: list[Passage],
         index: TextIndex,
         captions: dict[str, str],
+        lexicon: Any = None,
     ) -> None:
         self.rng = rng
         self.e = entities
         self.passages = passages
         self.index = index
-        self.facts = Facts(entities, passages)
+        self.facts = Facts(entities, passages, lexicon)
         self.captions = captions  # entity id -> picture caption (image-bearing entities)
+        self.lexicon = lexicon  # None: the fixed wordings of this module
+
+    def _describe(self, kind: str, rel: str, describe: Callable[[Entity], str], e: Entity) -> str:
+        if self.lexicon is None:
+            return describe(e)
+        return self.lexicon.describe(kind, rel, e.attrs.get("wtype"))
 
     def pid(self, entity_id: str) -> str:
         return self.facts.passage_of[entity_id].id
@@ -448,7 +461,7 @@ class QuestionMaker:
                 ]
                 rel2 = self.rng.choice(rels)
                 answer, aliases = self.facts.answer(mid, rel2)
-                mention = describe(subj).format(s=subj.name)
+                mention = self._describe(kind, rel, describe, subj).format(s=subj.name)
                 yield self._q(
                     type="bridge",
                     question=self.facts.template(mid, rel2).format(x=mention),
@@ -462,6 +475,8 @@ class QuestionMaker:
 
     def comparison(self) -> Iterable[Question]:
         for kind, (rel, text, key, smallest) in COMPARISONS.items():
+            if self.lexicon is not None:
+                text = self.lexicon.comparisons[kind]
             pool = [e for e in self.e.values() if e.kind == kind]
             for a in pool:
                 # A near-miss twin is the most confusable partner; else anyone of the same kind.
@@ -491,7 +506,7 @@ class QuestionMaker:
             answer, aliases = self.facts.answer(ent, rel)
             yield self._q(
                 type="image",
-                question=self.facts.template(ent, rel).format(x=IMAGE_MENTIONS[ent.kind]),
+                question=self.facts.template(ent, rel).format(x=self._image_mention(ent.kind)),
                 answer=answer,
                 aliases=aliases,
                 supporting_ids=[self.pid(ent.id)],
@@ -501,8 +516,11 @@ class QuestionMaker:
                 image_caption=self.captions[ent.id],
             )
 
+    def _image_mention(self, kind: str) -> str:
+        return (self.lexicon.image_mentions if self.lexicon else IMAGE_MENTIONS)[kind]
+
     def convention(self) -> Iterable[Question]:
-        for conv in CONVENTIONS:
+        for conv in self.lexicon.conventions if self.lexicon else CONVENTIONS:
             for ent in (e for e in self.e.values() if e.kind == conv.kind):
                 if conv.relation not in (*self.facts.relations(ent), "hq_country"):
                     continue

@@ -318,10 +318,16 @@ def _date_in(rng: random.Random, year: int) -> dt.date:
 
 
 def build_passages(
-    rng: random.Random, entities: dict[str, Entity], names: NameBook, num_events: int
+    rng: random.Random,
+    entities: dict[str, Entity],
+    names: NameBook,
+    num_events: int,
+    writer: PassageWriter | None = None,
 ) -> list[Passage]:
-    """Entity passages + ``num_events`` event passages, shuffled, with ids ``"0"``, ``"1"``, ..."""
-    writer = PassageWriter(rng, entities, names)
+    """Entity passages + ``num_events`` event passages, shuffled, with ids ``"0"``, ``"1"``, ...
+    ``writer``: how entity passages read (default: the legacy worlds' :class:`PassageWriter`
+    over ``rng``)."""
+    writer = writer or PassageWriter(rng, entities, names)
     drafts: list[tuple[str, str, str, str | None, list[str]]] = []
     for ent in entities.values():
         text, mentions = writer.entity(ent)
