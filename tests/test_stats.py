@@ -27,3 +27,18 @@ def test_paired_difference_sees_what_two_intervals_would_not() -> None:
     assert rows[1]["groups"]["x"] == {"n": 1, "accuracy": 1.0}
     text = format_comparison(rows, {"mia": {"tools": 1.5, "tokens": 900, "seconds": 2.0}})
     assert text.splitlines()[0].startswith("policy") and "+10.0" in text
+
+
+def test_cluster_bootstrap_resamples_linked_questions_together() -> None:
+    from mia.eval.stats import cluster_bootstrap_ci, paired_cluster_bootstrap_ci
+
+    # Ten clusters of ten questions: each cluster all right or all wrong (fully linked).
+    values = [float(c % 2) for c in range(10) for _ in range(10)]
+    clusters = [c for c in range(10) for _ in range(10)]
+    mean, lo, hi = cluster_bootstrap_ci(values, clusters)
+    _, ilo, ihi = bootstrap_ci(values)  # as if the 100 were independent
+    assert mean == 0.5 and (hi - lo) > 2.5 * (ihi - ilo)
+    # One question per cluster: the same as the plain bootstrap.
+    assert cluster_bootstrap_ci([1, 0, 1, 1], [0, 1, 2, 3]) == bootstrap_ci([1, 0, 1, 1])
+    d = paired_cluster_bootstrap_ci([1.0] * 4, [0.0, 1.0, 0.0, 1.0], ["a", "a", "b", "b"])
+    assert d[0] == 0.5 and d[1] == d[2] == 0.5  # every resample holds the same mix

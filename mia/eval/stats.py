@@ -7,6 +7,7 @@ than two independent intervals would.
 
     bootstrap_ci([1, 0, 1, 1])                  # (mean, low, high)
     paired_bootstrap_ci(mia, none)              # mean of mia - none over the same questions
+    cluster_bootstrap_ci(x, clusters)           # linked questions resampled together
     comparison(outcomes, baseline="none")       # one row per policy, with both intervals
 """
 
@@ -42,6 +43,44 @@ def paired_bootstrap_ci(
     if len(a) != len(b):
         raise ValueError(f"paired bootstrap needs equal lengths, got {len(a)} and {len(b)}")
     return bootstrap_ci([float(x) - float(y) for x, y in zip(a, b, strict=True)], **kwargs)
+
+
+def cluster_bootstrap_ci(
+    values: Sequence[float],
+    clusters: Sequence[Any],
+    *,
+    n_boot: int = N_BOOT,
+    alpha: float = ALPHA,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(mean, low, high)`` where whole clusters are resampled together: questions that are
+    linked (the same template in the same world, answered through one memory) move as one, so
+    the interval is as wide as the number of independent units allows. The mean is over
+    questions (a cluster weighs by its size)."""
+    x = np.asarray([float(v) for v in values], dtype=float)
+    if x.size == 0:
+        return (math.nan, math.nan, math.nan)
+    if len(clusters) != x.size:
+        raise ValueError(f"{x.size} values but {len(clusters)} cluster labels")
+    labels = {c: i for i, c in enumerate(dict.fromkeys(clusters))}
+    idx = np.asarray([labels[c] for c in clusters])
+    sums = np.bincount(idx, weights=x, minlength=len(labels))
+    sizes = np.bincount(idx, minlength=len(labels)).astype(float)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(labels), size=(n_boot, len(labels)))
+    means = sums[pick].sum(axis=1) / sizes[pick].sum(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return (float(x.mean()), float(lo), float(hi))
+
+
+def paired_cluster_bootstrap_ci(
+    a: Sequence[float], b: Sequence[float], clusters: Sequence[Any], **kwargs: Any
+) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over the same questions, whole clusters resampled together."""
+    if len(a) != len(b):
+        raise ValueError(f"paired bootstrap needs equal lengths, got {len(a)} and {len(b)}")
+    diffs = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    return cluster_bootstrap_ci(diffs, clusters, **kwargs)
 
 
 def comparison(
