@@ -164,7 +164,10 @@ def _baselines() -> dict[str, Callable[[Path], dict[str, Any]]]:
 # Shipped files that state values equal to a schema default on purpose, with the reason.
 EXCEPTIONS = {
     "world/*.yaml": "size presets, mirrored field by field from mia.data.world.PRESETS "
-    "(test_world keeps them equal); `mia world --size` selects the preset, the files document it",
+    "(test_world keeps them equal); `mia world --size` selects the preset, the files document it; "
+    "and seeds.yaml, the seed ranges (tests/test_world_lexicon.py)",
+    "efficacy/*.yaml": "pre-registered protocols (docs/protocol.md): every value is written out "
+    "on purpose, so that no later change of a default can change a protocol",
 }
 
 
