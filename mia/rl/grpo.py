@@ -8,6 +8,8 @@ and ``mask[b, t]`` is 1 where the policy produced that token (the response mask)
 Conventions follow veRL (the reference trains with it), so numbers are comparable:
 advantages use the unbiased group std, the ratio is clamped in log space, the dual-clip bound
 ``clip_ratio_c`` caps the loss of negative-advantage tokens, and ``k3`` is veRL's ``low_var_kl``.
+tests/test_parity.py checks every formula against veRL's and TRL's own code (docs/rl.md, "Parity
+with veRL and TRL", lists the deliberate differences).
 """
 
 from __future__ import annotations
@@ -17,9 +19,19 @@ from typing import Literal
 import torch
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KLKind = Literal["k1", "k2", "k3"]
+KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-_KL_ALIASES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+# veRL's names are accepted too: kl = k1, mse = k2, low_var_kl = k3 (and low_var_kl+ = k3+).
+_KL_ALIASES = {
+    "k1": "k1",
+    "kl": "k1",
+    "abs": "abs",
+    "k2": "k2",
+    "mse": "k2",
+    "k3": "k3",
+    "low_var_kl": "k3",
+}
+KL_KINDS: tuple[str, ...] = tuple(_KL_ALIASES) + tuple(f"{k}+" for k in _KL_ALIASES)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -137,8 +149,11 @@ def policy_loss(
     logprobs[B, T] (with grad), old_logprobs[B, T] (behaviour policy), advantages[B] (one per
     sequence, broadcast over its tokens) or [B, T], mask[B, T]. ``clip_high`` > ``clip_low`` is
     DAPO's clip-higher (e.g. 0.28). ``clip_ratio_c`` is the dual-clip bound for negative advantages
-    (None disables it). Metrics are masked token means of this call's tokens.
+    (None disables it; when set it must be > 1, as in veRL: the bound lies above the clipped
+    ratio). Metrics are masked token means of this call's tokens.
     """
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (dual clip) or None (off), got {clip_ratio_c}")
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # [B, 1] -> broadcasts over T
     advantages = advantages.to(logprobs.dtype)
@@ -198,20 +213,35 @@ def kl_penalty(
     """Per-token estimate of KL(policy || reference) from sampled-token log-probs, [B, T].
 
     k1 = log p - log q (unbiased, high variance, can be negative);
+    abs = |log p - log q|;
     k2 = (log p - log q)^2 / 2;
     k3 = q/p - log(q/p) - 1 (unbiased, always >= 0, low variance; Schulman's estimator, clamped
     to [-10, 10] like veRL's ``low_var_kl`` so one outlier token cannot blow up the loss).
+
+    A ``+`` suffix (``k1+``, ``k3+``, ``abs+``; veRL's straight-through trick) keeps the value of
+    the estimator but takes the gradient of k2, whose expected gradient is the gradient of the
+    true KL (the gradients of k1 and k3 are not). ``k2+`` is plain k2.
     """
-    k = _KL_ALIASES.get(kind)
+    straight_through = kind.endswith("+")
+    k = _KL_ALIASES.get(kind[:-1] if straight_through else kind)
     if k is None:
-        raise ValueError(f"unknown KL estimator {kind!r} (one of k1, k2, k3)")
+        raise ValueError(
+            f"unknown KL estimator {kind!r} (one of k1, k2, k3, abs; a '+' suffix: k2's gradient)"
+        )
     diff = logprobs - ref_logprobs
     if k == "k1":
-        return diff
-    if k == "k2":
-        return 0.5 * diff.square()
-    log_q_over_p = (-diff).clamp(-20.0, 20.0)
-    return (torch.exp(log_q_over_p) - log_q_over_p - 1.0).clamp(-10.0, 10.0)
+        value = diff
+    elif k == "abs":
+        value = diff.abs()
+    elif k == "k2":
+        value = 0.5 * diff.square()
+    else:
+        log_q_over_p = (-diff).clamp(-20.0, 20.0)
+        value = (torch.exp(log_q_over_p) - log_q_over_p - 1.0).clamp(-10.0, 10.0)
+    if not straight_through or k == "k2":
+        return value
+    k2 = 0.5 * diff.square()
+    return k2 - k2.detach() + value.detach()
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
