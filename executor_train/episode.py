@@ -93,7 +93,7 @@ class ExecutorEpisode(AgentEpisode):
         finally:
             if task.done():
                 self._pending.pop(key, None)
-        result = (str(out.get("plan", "")), str(out.get("context", "")))
+        result = (out.plan, out.context)
         self._plans[key] = result
         return result
 
@@ -205,7 +205,7 @@ class TrainingPlanner:
 
     async def replan(self, run: PlannerRun) -> bool:
         assert self.episode.memory is not None  # the flow replans only when it can
-        run.replan = run.replan_raw = await self.episode.memory.replan_train(
+        out = await self.episode.memory.replan_train(
             run.question,
             self.plan_text,
             str((run.first or {}).get("trace", "")),
@@ -213,6 +213,7 @@ class TrainingPlanner:
             data_id=self.sample.get("data_id"),
             image_caption=self.sample.get("image_caption") or None,
         )
+        run.replan = run.replan_raw = out.content
         return True
 
 

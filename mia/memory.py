@@ -2,7 +2,8 @@
 ``feedback`` for tasks that went through the proxy).
 
 A thin, synchronous face over :class:`mia.services.memory.MemoryClient` (memory_serve's one
-client) for agents that prefer calls over the OpenAI-compatible proxy (docs/proxy.md)::
+client, called through its blocking wrapper ``MemoryClient.sync``) for agents that prefer
+calls over the OpenAI-compatible proxy (docs/proxy.md)::
 
     from mia.memory import Client
 
@@ -22,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mia.services.memory import MemoryClient
+from mia.services.base import RequestFailed
+from mia.services.memory import MemoryClient, MemoryResponse, ScoredMemory, WriteOutcome
 
 __all__ = ["Client", "Hit", "Plan", "Recorded", "Search"]
 
@@ -63,21 +65,27 @@ class Search:
     bucket_size: int
 
 
-def _hit(s: Mapping[str, Any]) -> Hit:
+def _hit(s: ScoredMemory) -> Hit:
     return Hit(
-        id=int(s["id"]),
-        question=s["question"],
-        workflow_summary=s["workflow_summary"],
-        judgement=s["judgement"],
-        similarity=float(s["similarity"]),
-        normalised=float(s["normalised"]),
-        win_rate=float(s["win_rate"]),
-        score=float(s["score"]),
+        id=s.id,
+        question=s.question,
+        workflow_summary=s.workflow_summary,
+        judgement=s.judgement,
+        similarity=s.similarity,
+        normalised=s.normalised,
+        win_rate=s.win_rate,
+        score=s.score,
     )
 
 
+def _recorded(out: WriteOutcome) -> Recorded:
+    return Recorded(action=out.action, id=out.id, credited_ids=list(out.credited_ids))
+
+
 class Client:
-    """memory_serve at ``url`` (bearer ``token`` if it has one)."""
+    """memory_serve at ``url`` (bearer ``token`` if it has one). ``service``: the async
+    :class:`MemoryClient` underneath (its every route, typed; ``service.sync`` for blocking
+    calls)."""
 
     def __init__(
         self,
@@ -96,13 +104,13 @@ class Client:
         top_k: int | None = None,
     ) -> Plan:
         """Retrieve memories for ``question`` and have the Planner write a plan from them."""
-        out = self.service.plan_sync(question, image_caption=image_caption, top_k=top_k)
+        out = self.service.sync.plan(question, image_caption=image_caption, top_k=top_k)
         return Plan(
-            text=out["plan"],
-            memory_ids=[int(i) for i in out["memory_ids"]],
-            context=out["context"],
-            planner=out["planner"],
-            messages=out["messages"],
+            text=out.plan,
+            memory_ids=list(out.memory_ids),
+            context=out.context,
+            planner=out.planner,
+            messages=out.messages,
         )
 
     def record(
@@ -138,10 +146,7 @@ class Client:
             item["workflow_summary"] = summary
         if image_caption:
             item["image_caption"] = image_caption
-        out = self.service.save_memories_sync([item])["results"][0]
-        return Recorded(
-            action=out["action"], id=int(out["id"]), credited_ids=list(out["credited_ids"])
-        )
+        return _recorded(self.service.sync.save_memories([item]).results[0])
 
     def feedback(
         self,
@@ -154,24 +159,26 @@ class Client:
         """The outcome of a task run through the proxy, named by its ``X-MIA-Task-Id`` header
         (``task_id``) or a completion's ``id`` (``completion_id``): the proxy writes that
         conversation to memory, once, crediting the memories its plan came from."""
-        out = self.service.feedback_sync(
+        out = self.service.sync.feedback(
             task_id, completion_id=completion_id, correct=correct, feedback=feedback
-        )["result"]
-        return Recorded(
-            action=out["action"], id=int(out["id"]), credited_ids=list(out["credited_ids"])
         )
+        return _recorded(out.result)
 
     def search(
         self, question: str, *, image_caption: str | None = None, top_k: int | None = None
     ) -> Search:
         """What would be retrieved for ``question``, with the numbers that ranked it."""
-        out = self.service.explain_sync(question, image_caption=image_caption, top_k=top_k)
-        x = out["explain"]
+        out: MemoryResponse = self.service.sync.explain(
+            question, image_caption=image_caption, top_k=top_k
+        )
+        x = out.explain
+        if x is None:  # an /explain-less answer: not this service
+            raise RequestFailed("memory_serve /memory: the answer has no explain")
         return Search(
-            positives=[_hit(s) for s in x["positives"]],
-            negatives=[_hit(s) for s in x["negatives"]],
-            context=out["context"],
-            bucket_size=int(x["bucket_size"]),
+            positives=[_hit(s) for s in x.positives],
+            negatives=[_hit(s) for s in x.negatives],
+            context=out.context,
+            bucket_size=x.bucket_size,
         )
 
     def memories(
@@ -184,9 +191,10 @@ class Client:
         sort: str = "newest",
     ) -> dict[str, Any]:
         """One page of the store: ``{total, offset, limit, memories: [...]}``."""
-        return self.service.list_memories_sync(
+        page = self.service.sync.list_memories(
             q=query or None, judgement=judgement, offset=offset, limit=limit, sort=sort
         )
+        return page.model_dump(mode="json")
 
     def close(self) -> None:
         self.service.close()

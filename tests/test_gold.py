@@ -456,3 +456,26 @@ def test_cli_style_and_alternate_plan(built, tmp_path, capsys) -> None:
     )  # fmt: skip
     assert out.read_bytes() == dumps_gold(api.examples).encode()
     capsys.readouterr()
+
+
+def test_legacy_worlds_keep_the_fixed_words(built) -> None:
+    """A legacy world's queries and facts are the fixed tables' (its gold is what it always
+    was); a drawn lexicon's nouns replace city and region, and nothing else."""
+    from mia.apps.gold import FACT_PHRASES, QUERY_WORDS, fact_phrase, query_words, worded
+    from mia.data.world_lexicon import lexicon_for
+
+    world = built[0]
+    assert world.lexicon.legacy
+    city = next(e for e in world.entities.values() if e.kind == "city")
+    for rel in ("region", "population", "river"):
+        assert query_words(city, rel, world.lexicon) == QUERY_WORDS[f"city.{rel}"]
+        assert query_words(city, rel) == QUERY_WORDS[f"city.{rel}"]
+        want = FACT_PHRASES[f"city.{rel}"].format(x=city.name)
+        assert fact_phrase(city, rel, lexicon=world.lexicon) == fact_phrase(city, rel) == want
+    drawn = lexicon_for(100)
+    assert (drawn.nouns["city"], drawn.nouns["region"]) == ("town", "county")
+    assert (
+        worded("the city's name, the region's name", drawn) == "the town's name, the county's name"
+    )
+    assert worded("the capital city of the regions", drawn) == "the capital town of the regions"
+    assert worded("the city's name", world.lexicon) == "the city's name"

@@ -229,7 +229,7 @@ def test_executor_training_goes_on_without_an_empty_replan(tmp_path: Path) -> No
 
 async def _replan(memory: Any) -> str:
     try:
-        return await memory.replan_train("When?", "1. Search", "T", "M")
+        return (await memory.replan_train("When?", "1. Search", "T", "M")).content
     finally:
         await memory.aclose()
 

@@ -274,8 +274,8 @@ def test_a_failure_remembered_with_its_expected_answer(tmp_path: Path) -> None:
     assert "expected" not in memory_item({**row, "correct": True}, "run", expected=True)["extra"]
     with memory_service(tmp_path / "m.sqlite") as (url, _):
         client = MemoryClient(url)
-        client.save_memories_sync([item])
-        context = client.memory_sync("How old is Lirford?")["context"]
+        client.sync.save_memories([item])
+        context = client.sync.memory("How old is Lirford?").context
         client.close()
     failure = context.split("## Negative Examples (Failure Lessons - 1)\n")[1]
     assert "- Judgement: incorrect\n- Question: How old is Pstad?\n" in failure

@@ -136,3 +136,97 @@ def test_failures_show_what_was_expected(rows: list[dict]) -> None:
         wanted = think.split("so I will look for ")[1].removesuffix(".\n").removesuffix(" instead")
         assert wanted.split(" of ")[0].split(" where ")[0].split(" in which ")[0] in plan
     assert with_neg >= 10 and 0.5 * EXPECTED_RATE <= shown / with_neg <= 1.0
+
+
+def test_legacy_readings_are_the_world_s_conventions(rows: list[dict]) -> None:
+    """The readings come from the world's lexicon; on a legacy world they are the fixed table."""
+    from mia.apps.planner_gold import READINGS, readings
+
+    assert readings(World.generate(0, "small")) == READINGS
+
+
+def test_planner_plans_never_copy_what_memory_remembers(rows: list[dict]) -> None:
+    from mia.planner.planners import leaked_entities
+
+    for r in rows:
+        prompt, reply = (m["content"] for m in r["planner_messages"][1:])
+        plan = reply.split("</think>", 1)[1]
+        assert leaked_entities(plan, r["question"], prompt) == [], r["id"]
+
+
+# ----------------------------------------------------------------------------- the leak filter
+
+LEAK_CONTEXT = (
+    "# Retrieved Relevant Memories\n\n"
+    "## Positive Examples (Successful Strategies - 1)\n[Example 1]\n- Modality: text-only\n"
+    "- Judgement: correct\n- Question: Where is Vorlanic Institute based?\n- Workflow Summary:\n"
+    '1. search (query "Vorlanic Institute based" -> passages: Vorlanic Institute)\n'
+    '2. answer (So Vorlanic Institute is based in Kramwick. -> "Kramwick")\n\n'
+    "## Negative Examples (Failure Lessons - 1)\n[Example 1]\n- Modality: text-only\n"
+    "- Judgement: incorrect\n- Question: Where does Pstad lie?\n- Workflow Summary:\n"
+    '1. search (query "Pstad" -> passages: Pstad)\n2. answer (-> "Tovar River")\n'
+    "- Expected Answer: Basesh\n"
+    '- Where It Was: "Pstad is a town in the Oder county of Basesh."'
+)
+
+
+def test_leaked_entities_names_remembered_entities_and_expected_answers() -> None:
+    from mia.planner.planners import leaked_entities, remembered
+
+    question = "Where does Lirford lie?"
+    assert remembered(question, LEAK_CONTEXT) == (["Pstad", "Vorlanic Institute"], ["Basesh"])
+    assert leaked_entities('1. Search for "Lirford town".', question, LEAK_CONTEXT) == []
+    plan = '1. Search for "Pstad town".\n2. Check that the country is basesh.'
+    assert leaked_entities(plan, question, LEAK_CONTEXT) == ["Basesh", "Pstad"]
+    # an answer counts as a whole phrase only, and not when the question holds it
+    assert leaked_entities("1. Search for Basesha.", question, LEAK_CONTEXT) == []
+    assert leaked_entities("1. Search Basesh.", "Is Lirford in Basesh?", LEAK_CONTEXT) == []
+    # the answers of successes are not expected answers; short answers are not checked
+    assert leaked_entities("1. Compare with Kramwick.", question, LEAK_CONTEXT) == []
+    short = LEAK_CONTEXT.replace("- Expected Answer: Basesh", "- Expected Answer: 12")
+    assert leaked_entities("1. Search for 12 towns.", question, short) == []
+
+
+def test_redact_remembered_exact() -> None:
+    from mia.planner.planners import redact_remembered
+
+    out = redact_remembered(LEAK_CONTEXT, "Where does Lirford lie?")
+    assert out == (
+        LEAK_CONTEXT.replace("Vorlanic Institute", "[entity]")
+        .replace("Pstad", "[entity]")
+        .replace("Basesh", "[answer]")
+    )
+    assert "Kramwick" in out and "Tovar River" in out  # not expected answers: kept
+    # a name the question holds is the question's own: kept
+    own = redact_remembered(LEAK_CONTEXT, "Where is Pstad?")
+    assert "Where does Pstad lie?" in own and "[answer]" in own
+    assert redact_remembered("no memories", "Where is Pstad?") == "no memories"
+
+
+def test_the_rag_guide_hands_on_no_remembered_entity_or_answer() -> None:
+    """Under ``rag`` the retrieved context is the guide: with ``redact_leaked`` (the eval's
+    ``memory.drop_leaked_plans``) its remembered entities and expected answers are redacted;
+    the run keeps the context as retrieved. Without it the guide is the context."""
+    import asyncio
+
+    from mia.planner.flow import PlannerRun, Task
+    from mia.planner.planners import GuidePlanner
+
+    def guide(redact: bool) -> PlannerRun:
+        task = Task("Where does Lirford lie?", memory_context=LEAK_CONTEXT, memory_ids=[3, 7])
+        run = PlannerRun(task=task)
+        asyncio.run(GuidePlanner(None, redact_leaked=redact).plan(run))  # type: ignore[arg-type]
+        return run
+
+    run = guide(True)
+    assert run.memory_context == LEAK_CONTEXT and run.memory_ids == [3, 7]
+    assert run.plan.splitlines()[6:9] == [
+        "- Question: Where is [entity] based?",
+        "- Workflow Summary:",
+        '1. search (query "[entity] based" -> passages: [entity])',
+    ]
+    assert run.plan.endswith(
+        '- Expected Answer: [answer]\n- Where It Was: "[entity] is a town in the Oder county '
+        'of [answer]."'
+    )
+    assert guide(False).plan == LEAK_CONTEXT

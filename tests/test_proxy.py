@@ -277,12 +277,9 @@ def test_proxy_without_a_planner_injects_memories_and_survives_planner_failure(
         with Client(url, token=TOKEN) as mem:
             rec = mem.feedback(task_id, correct=True, feedback="checked by hand")
             assert (rec.action, rec.id, rec.credited_ids) == ("inserted", 2, [1])
-            info = mem.service.task_sync(task_id)
-            assert (info["status"], info["memory_ids"], info["result"]["id"]) == (
-                "recorded",
-                [1],
-                2,
-            )
+            info = mem.service.sync.task(task_id)
+            assert info.result is not None
+            assert (info.status, info.memory_ids, info.result.id) == ("recorded", [1], 2)
             with pytest.raises(ServiceError) as err:
                 mem.feedback(task_id, correct=False)
             assert err.value.status == 409 and "already recorded" in str(err.value)

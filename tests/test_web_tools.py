@@ -18,7 +18,7 @@ from fake_serper import FakeSerper, organic
 
 from mia.errors import MiaError
 from mia.http import ServerThread, wait_for_port_file
-from mia.services.web import WebSearchClient, WebSearchError
+from mia.services.web import SearchResult, WebSearchClient, WebSearchError
 from web_tools.cache import cache_key
 from web_tools.config import WebToolsConfig, load_config
 from web_tools.ratelimit import TokenBucket
@@ -103,6 +103,11 @@ def expected_results(query: str, n: int) -> list[dict]:
             result["date"] = item["date"]
         out.append(result)
     return out
+
+
+def typed_results(query: str, n: int) -> list[SearchResult]:
+    """:func:`expected_results` as :class:`WebSearchClient` answers them."""
+    return [SearchResult.model_validate(r) for r in expected_results(query, n)]
 
 
 # --- happy paths -------------------------------------------------------------------------------
@@ -518,7 +523,7 @@ def test_web_search_client(gateway: Gateway, fake: FakeSerper):
     client = gateway(token="tok")
     base = str(client.base_url)
 
-    async def run() -> tuple[list[list[dict]], WebSearchError]:
+    async def run() -> tuple[list[list[SearchResult]], WebSearchError]:
         async with WebSearchClient(base, token="tok") as wsc:
             results = await wsc.search(["alpha", "beta"], max_results=2)
         async with WebSearchClient(base) as no_token:
@@ -527,7 +532,7 @@ def test_web_search_client(gateway: Gateway, fake: FakeSerper):
         return results, err.value
 
     results, err = asyncio.run(run())
-    assert results == [expected_results("alpha", 2), expected_results("beta", 2)]
+    assert results == [typed_results("alpha", 2), typed_results("beta", 2)]
     assert (err.status, err.code) == (401, "unauthorized")
     assert isinstance(err, MiaError)
 
@@ -536,12 +541,12 @@ def test_web_search_client_splits_big_batches(gateway: Gateway, fake: FakeSerper
     base = str(gateway().base_url)
     queries = [f"q{i}" for i in range(40)]
 
-    async def run() -> list[list[dict]]:
+    async def run() -> list[list[SearchResult]]:
         async with WebSearchClient(base) as wsc:
             return await wsc.search(queries, max_results=1)
 
     results = asyncio.run(run())
-    assert results == [expected_results(q, 1) for q in queries]
+    assert results == [typed_results(q, 1) for q in queries]
 
 
 def test_concurrency_is_bounded(gateway: Gateway, fake: FakeSerper):

@@ -475,23 +475,23 @@ def test_web_scrape_refuses_bad_urls_and_non_html(gateway: Gateway, web: tuple[F
 def test_web_search_client_picks_the_engine(gateway: Gateway):
     import asyncio
 
-    from mia.services.web import WebSearchClient
+    from mia.services.web import SearchResult, WebSearchClient
 
     ddgs = FakeDdgs()
     base = str(gateway(ddgs=ddgs).base_url)
 
-    async def run() -> list[list[dict[str, Any]]]:
+    async def run() -> list[list[SearchResult]]:
         async with WebSearchClient(base) as wsc:
             return await wsc.search(["keyless"], max_results=1, engine="ddgs")
 
     assert asyncio.run(run()) == [
         [
-            {
-                "title": "keyless - page 1",
-                "url": "https://ddg.example/1",
-                "snippet": "Body 1 of keyless.",
-                "kind": "organic",
-            }
+            SearchResult(
+                title="keyless - page 1",
+                url="https://ddg.example/1",
+                snippet="Body 1 of keyless.",
+                kind="organic",
+            )
         ]  # fmt: skip
     ]
     assert [c[0] for c in ddgs.calls] == ["text"]

@@ -262,16 +262,15 @@ class TTRLRun:
             )
             for s in batch
         ]
-        found = self.memory.memories_sync(queries)
+        found = self.memory.sync.memories(queries)
         out = []
         for s, m in zip(batch, found, strict=True):
-            ids = [int(i) for i in m.get("positive_ids", []) + m.get("negative_ids", [])]
             out.append(
                 {
                     **s,
-                    "memory_context": m.get("context", ""),
-                    "memory_ids": ids,
-                    "memory_failed": bool(m.get("negative_ids")),
+                    "memory_context": m.context,
+                    "memory_ids": [*m.positive_ids, *m.negative_ids],
+                    "memory_failed": bool(m.negative_ids),
                 }
             )
         return out
@@ -400,7 +399,7 @@ class TTRLRun:
             crash=lambda point: self._persisted(batch, point),
         )
         row = {**payload["row"], **info}
-        row["memories"] = int(self.memory.stats_sync().get("memories", 0))
+        row["memories"] = self.memory.sync.stats().memories
         rows = curve.write_row(self.accuracy_path, row)
         if self.curve_path is not None:
             curve.plot(rows, self.curve_path, title=f"TTRL ({self.mode})")

@@ -83,10 +83,10 @@ class Session:
                 f"no ground truth for {missing[:3]}: the reward server needs one per question "
                 "(or pass --no-register when they are registered already)"
             )
-        self.reward.register_sync(entries)
+        self.reward.sync.register(entries)
 
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        resp = self.server.submit(body)
+        resp = self.server.sync.submit(body)
         self.steps = int(resp.get("global_steps", self.steps))
         if self.args.json:
             self.say(json.dumps(resp))
@@ -100,7 +100,7 @@ class Session:
     def checkpoint(self) -> None:
         if self.steps < 1 or self.steps == self.last_saved:
             return
-        saved = self.server.save_checkpoint()
+        saved = self.server.sync.save_checkpoint()
         self.last_saved = int(saved.get("checkpoint_global_step", self.steps))
         self.say(f"checkpoint: step {self.last_saved} -> {saved.get('path')}")
 
@@ -110,7 +110,7 @@ class Session:
 
         args = self.args
         samples = load_samples(args.data, require_answer=not args.no_register, limit=args.limit)
-        health = self.server.health()
+        health = self.server.sync.health()
         tbs = int(health.get("train_batch_size", 0) or 0)
         if tbs and tbs % args.batch_size:
             self.say(

@@ -29,15 +29,19 @@ import asyncio
 import importlib
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from PIL import Image
+from pydantic import ValidationError
 
 from mia.errors import MiaError
 from mia.prompts.executor import IMAGE_TOKEN
+from mia.services.base import first_error, wire
+from mia.services.search import Document, RetrieveRequest, RetrieveResponse, ScoredDocument
+from mia.services.web import SearchResult, WebSearchClient, WebSearchError
 
 from . import protocol
 
@@ -245,21 +249,27 @@ def _query_list(args: dict[str, Any], max_queries: int, max_chars: int) -> list[
     return queries
 
 
-def format_passages(docs: list[Any]) -> str:
+def format_passages(docs: Sequence[ScoredDocument | Document | Mapping[str, Any]]) -> str:
     """Search-R1's passage block: ``Doc k(Title: <first line>) <rest>`` per passage."""
     lines = []
     for k, doc in enumerate(docs, 1):
-        if isinstance(doc, dict) and isinstance(doc.get("document"), dict):
+        if isinstance(doc, ScoredDocument):
+            doc = doc.document
+        elif isinstance(doc, Mapping) and isinstance(doc.get("document"), Mapping):
             doc = doc["document"]
-        contents = str(doc.get("contents", "")) if isinstance(doc, dict) else str(doc)
+        if isinstance(doc, Document):
+            contents = doc.contents
+        else:
+            contents = str(doc.get("contents", "")) if isinstance(doc, Mapping) else str(doc)
         title, _, text = contents.partition("\n")
         lines.append(f"Doc {k}(Title: {title}) {text}")
     return "\n".join(lines)
 
 
-def format_web_results(results: list[dict[str, Any]]) -> str:
+def format_web_results(results: Sequence[SearchResult | Mapping[str, Any]]) -> str:
     lines = []
-    for k, r in enumerate(results, 1):
+    for k, result in enumerate(results, 1):
+        r = result.model_dump() if isinstance(result, SearchResult) else result
         url = r.get("url") or ""
         source = f" (source: {url})" if url else ""
         lines.append(f"Doc {k}(Title: {r.get('title', '')}) {r.get('snippet', '')}{source}")
@@ -345,8 +355,6 @@ class SearchTool(Tool):
                 lambda: httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout_s)
             )
         else:
-            from mia.services.web import WebSearchClient
-
             self._clients = _PerLoop(lambda: WebSearchClient(self.url, token, timeout_s))
 
     def validate(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -363,10 +371,15 @@ class SearchTool(Tool):
         blocks = [b or NO_RESULTS.format(query=q) for b, q in zip(blocks, queries, strict=True)]
         return ToolOutput(QUERY_SEPARATOR.join(blocks))
 
-    async def _local(self, queries: list[str]) -> list[list[Any]]:
-        payload = {"queries": queries, "topk": self.topk, "return_scores": True}
+    async def _local(self, queries: list[str]) -> list[list[ScoredDocument]] | list[list[Document]]:
         try:
-            resp = await self._clients.get().post("/retrieve", json=payload)
+            request = RetrieveRequest(queries=queries, topk=self.topk, return_scores=True)
+        except ValidationError as err:  # what the service would refuse (422)
+            raise ToolServiceError(
+                f"search service unavailable: bad request: {first_error(err)}"
+            ) from None
+        try:
+            resp = await self._clients.get().post("/retrieve", json=wire(request))
         except httpx.HTTPError as err:
             raise ToolServiceError(
                 f"search service unavailable: {self.url}: {type(err).__name__}: {err}"
@@ -377,16 +390,18 @@ class SearchTool(Tool):
                 f"{resp.text[:200]}"
             )
         try:
-            result = resp.json()["result"]
-            if not isinstance(result, list) or len(result) != len(queries):
-                raise ValueError("wrong number of result lists")
-        except (ValueError, KeyError, TypeError) as err:
-            raise ToolServiceError(f"search service returned a bad response: {err}") from None
+            result = RetrieveResponse.model_validate_json(resp.content).result
+        except ValidationError as err:
+            raise ToolServiceError(
+                f"search service returned a bad response: {first_error(err)}"
+            ) from None
+        if len(result) != len(queries):
+            raise ToolServiceError(
+                "search service returned a bad response: wrong number of result lists"
+            )
         return result
 
-    async def _web(self, queries: list[str]) -> list[list[dict[str, Any]]]:
-        from mia.services.web import WebSearchError
-
+    async def _web(self, queries: list[str]) -> list[list[SearchResult]]:
         try:
             return await self._clients.get().search(queries, self.topk)
         except WebSearchError as err:

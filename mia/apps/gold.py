@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from mia.agent import AgentConfig, Trajectory
     from mia.data.world import Question, World
     from mia.data.world_entities import Entity
+    from mia.data.world_lexicon import Lexicon
 
 Message = dict[str, Any]
 Program = Generator[str, str, None]  # yields assistant turns, receives observation texts
@@ -70,7 +71,8 @@ STYLES = ("full", "concise", "terse")
 PLAN_MODES = (True, False, "alternate")
 
 # Words appended to an entity's name in a search query, per relation (words the passages use,
-# so BM25 rewards the right sentence, not only the name).
+# so BM25 rewards the right sentence, not only the name). Legacy worlds; a drawn world's passages
+# word facts as its lexicon chose (drawn_query_words).
 QUERY_WORDS: dict[str, str] = {
     "person.birth_city": "born city",
     "person.birth_country": "born country",
@@ -99,7 +101,8 @@ WORK_QUERY_WORDS = {
     "film": {"creator": "film director", "year": "film released", "producer": "studio"},
     "album": {"creator": "album musician", "year": "album released", "producer": "record label"},
 }
-# "the <fact> of {x}": what the Executor is looking for, in its reasoning and in the plan.
+# "the <fact> of {x}": what the Executor is looking for, in its reasoning and in the plan. A
+# drawn world says its own nouns for cities and regions ("the town where {x} was born").
 FACT_PHRASES: dict[str, str] = {
     "person.birth_city": "the city where {x} was born",
     "person.birth_country": "the country where {x} was born",
@@ -292,13 +295,81 @@ def _rel(ent: Entity, rel: str, table: dict[str, str], work: dict[str, dict[str,
     return table[f"{ent.kind}.{rel}"]
 
 
-def query_words(ent: Entity, rel: str) -> str:
-    return _rel(ent, rel, QUERY_WORDS, WORK_QUERY_WORDS)
+_KIND_WORD = re.compile(r"\b(?:city|region)\b")
 
 
-def fact_phrase(ent: Entity, rel: str, x: str | None = None) -> str:
-    """``the <fact> of <x>`` (``x`` defaults to the entity's name)."""
-    return _rel(ent, rel, FACT_PHRASES, WORK_FACT_PHRASES).format(x=x or ent.name)
+def worded(text: str, lexicon: Lexicon | None = None) -> str:
+    """``text`` in the world's nouns: a drawn world may call its cities towns and its regions
+    provinces or counties (``lexicon.nouns``). Legacy worlds (and ``None``) keep the text."""
+    if lexicon is None or lexicon.legacy:
+        return text
+    return _KIND_WORD.sub(lambda m: lexicon.nouns[m.group(0)], text)
+
+
+def query_words(ent: Entity, rel: str, lexicon: Lexicon | None = None) -> str:
+    """The words a query adds to ``ent``'s name to find its ``rel``: :data:`QUERY_WORDS` on a
+    legacy world (``lexicon`` None or legacy), else :func:`drawn_query_words`."""
+    if lexicon is None or lexicon.legacy:
+        return _rel(ent, rel, QUERY_WORDS, WORK_QUERY_WORDS)
+    return drawn_query_words(lexicon, ent, rel)
+
+
+def drawn_query_words(lexicon: Lexicon, ent: Entity, rel: str) -> str:
+    """The words of the drawn passage sentence that states ``ent``'s ``rel``
+    (:mod:`mia.data.world_styles`: the lexicon's style and phrasing of that fact, its nouns), so
+    BM25 ranks the passage for the sentence, not only for the name. The words live here, not in
+    a module table: the warm start's data key hashes this module's upper-case tables
+    (:func:`mia.apps.warm_start.data_fingerprint`), and the shipped adapters' legacy gold does
+    not depend on these."""
+    from mia.data.world_styles import fact_words
+
+    narrative = lexicon.style == "narrative"
+    variant = lexicon.phrasing.get
+    if ent.kind == "person":  # one sentence holds the birth, the place, the job (and death)
+        if rel == "university":
+            return fact_words(lexicon, "person.university")
+        if rel == "death_year" and (narrative or variant("person.birth", 0)):
+            return "died"  # the encyclopedia's first phrasing dates it: "(born – died)"
+        return fact_words(lexicon, "person.birth")
+    if ent.kind == "org":
+        return fact_words(lexicon, "org.hq" if rel in ("hq", "hq_country") else "org.founder")
+    if ent.kind == "work":
+        wtype = ent.attrs["wtype"]
+        if rel == "creator":
+            verbs = {"novel": "wrote", "film": "directed", "album": "recorded"}
+            return f"{wtype} {verbs[wtype] if narrative else 'by'}"
+        if rel == "year":
+            if not narrative and not variant("work.creator", 0):
+                return wtype  # "X is a 1983 crime novel by Y."
+            novel = "appeared" if narrative else "published"
+            return f"{wtype} {novel if wtype == 'novel' else 'released'}"
+        words = {  # per phrasing of the producer's sentence
+            "novel": ("published", "publisher"),
+            "film": ("produced", "studio produced"),
+            "album": ("label", "issued record"),
+        }
+        return f"{wtype} {words[wtype][variant('work.producer', 0)]}"
+    if ent.kind == "city":
+        if rel == "region":
+            return lexicon.nouns["region"]  # "X is a town in the Y county of Z."
+        if rel == "country":
+            return lexicon.nouns["city"]
+        if rel == "population":  # "... has a population of N." / "... is home to N people."
+            return ("population", "home people")[variant("city.founded", 0)]
+        return fact_words(lexicon, f"city.{rel}")  # founded, river
+    if ent.kind == "region":
+        return fact_words(lexicon, "region.seat") if rel == "seat" else lexicon.nouns["region"]
+    if rel == "capital":
+        return fact_words(lexicon, "country.capital")
+    # one sentence: "The official language is L, and the currency is the C." / "People there
+    # speak L officially and pay in the C."
+    words = {"language": ("official language", "speak officially"), "currency": ("currency", "pay")}
+    return words[rel][variant("country.language", 0)]
+
+
+def fact_phrase(ent: Entity, rel: str, x: str | None = None, lexicon: Lexicon | None = None) -> str:
+    """``the <fact> of <x>`` (``x`` defaults to the entity's name), in ``lexicon``'s nouns."""
+    return worded(_rel(ent, rel, FACT_PHRASES, WORK_FACT_PHRASES), lexicon).format(x=x or ent.name)
 
 
 def _cap(text: str) -> str:
@@ -367,7 +438,12 @@ def top_image_title(observation: str) -> str | None:
 
 class GoldWriter:
     """Writes the gold programs, plans and planner chats of one world's questions. ``retriever``
-    is the index the ``search`` tool serves (probed to choose queries); ``topk`` its depth."""
+    is the index the ``search`` tool serves (probed to choose queries); ``topk`` its depth.
+
+    A drawn world (``world.lexicon`` not legacy) is written in its own words: bridge mentions
+    are its descriptions, queries use the words its passages use (:func:`drawn_query_words`),
+    and facts, plans and answer forms its nouns ("the town where X was born"). A legacy world's
+    gold is what it always was, byte for byte."""
 
     def __init__(
         self, world: World, retriever: Retriever, topk: int = 3, style: str = "full"
@@ -376,6 +452,7 @@ class GoldWriter:
             raise MiaError(f"gold: style must be one of {STYLES}, got {style!r}")
         self.style = style
         self.world = world
+        self.lexicon = world.lexicon
         self.e = world.entities
         self.facts = Facts(world.entities, world.passages)
         self.retriever = retriever
@@ -410,7 +487,26 @@ class GoldWriter:
         return self.choose_query(variants, q.supporting_ids[0], q.answers)
 
     def variants(self, ent: Entity, rel: str, *extra: str) -> list[str]:
-        return [f"{ent.name} {query_words(ent, rel)}", ent.name, *extra]
+        return [f"{ent.name} {self.query_words(ent, rel)}", ent.name, *extra]
+
+    # -- the world's words ----------------------------------------------------------------------
+    def query_words(self, ent: Entity, rel: str) -> str:
+        return query_words(ent, rel, self.lexicon)
+
+    def fact(self, ent: Entity, rel: str, x: str | None = None) -> str:
+        return fact_phrase(ent, rel, x, self.lexicon)
+
+    def noun(self, kind: str) -> str:
+        return worded(KIND_NOUNS[kind], self.lexicon)
+
+    def answer_form(self, rel: str) -> str:
+        return worded(ANSWER_FORMS[rel], self.lexicon)
+
+    def compare_words(self, ent: Entity, rel: str) -> tuple[str, ...]:
+        """Words for a comparison's query about ``ent``, tried in order."""
+        if self.lexicon.legacy:
+            return COMPARE_QUERY_WORDS[ent.kind]
+        return (self.query_words(ent, rel),)
 
     # -- dispatch -------------------------------------------------------------------------------
     def program(self, q: Question) -> Program:
@@ -428,7 +524,7 @@ class GoldWriter:
     def _single_hop(self, q: Question) -> Program:
         ent = self.e[q.entity_ids[0]]
         rel = q.relation.split(".", 1)[1]
-        fact = fact_phrase(ent, rel)
+        fact = self.fact(ent, rel)
         query = self.first_query(q)
         if self.style == "full":
             opener = _pick(
@@ -456,17 +552,21 @@ class GoldWriter:
 
     def bridge_parts(self, q: Question) -> tuple[Entity, str, Entity, str, str]:
         """``(subject, first relation, bridge entity, second relation, mention)`` where the
-        mention is how the question describes the bridge entity ("the founder of X")."""
+        mention is how the question describes the bridge entity ("the founder of X"): the
+        world's own description (:meth:`mia.data.world_lexicon.Lexicon.describe`)."""
         first, second = q.relation.split(">")
         kind1, rel1 = first.split(".", 1)
         rel2 = second.split(".", 1)[1]
         subj, mid = self.e[q.entity_ids[0]], self.e[q.entity_ids[1]]
-        describe = next(d for k, r, d, _t in BRIDGES if k == kind1 and r == rel1)
-        return subj, rel1, mid, rel2, describe(subj).format(s=subj.name)
+        if self.lexicon.legacy:  # the fixed descriptions (the same as LEGACY.bridges)
+            describe = next(d for k, r, d, _t in BRIDGES if k == kind1 and r == rel1)(subj)
+        else:
+            describe = self.lexicon.describe(kind1, rel1, subj.attrs.get("wtype"))
+        return subj, rel1, mid, rel2, describe.format(s=subj.name)
 
     def _bridge(self, q: Question) -> Program:
         subj, rel1, mid, rel2, mention = self.bridge_parts(q)
-        goal = fact_phrase(mid, rel2, x=mention)
+        goal = self.fact(mid, rel2, x=mention)
         query1 = self.first_query(q)
         first = (
             f"The question asks for {goal}. First I need the name of {mention}, "
@@ -476,7 +576,7 @@ class GoldWriter:
         )
         obs = yield search_turn(first, [query1])
         quote1 = self._read(obs, subj, [mid.name], f"the name of {mention}")
-        fact2 = fact_phrase(mid, rel2)
+        fact2 = self.fact(mid, rel2)
         query2 = self.choose_query(self.variants(mid, rel2), q.supporting_ids[1], q.answers)
         obs = yield search_turn(
             self._conclude(subj.name, quote1, f"{mention} is {mid.name}.")
@@ -499,7 +599,7 @@ class GoldWriter:
         values = {e.id: self.facts.answer(e, rel)[0] for e in (a, b)}
         queries = []
         for ent, pid in zip((a, b), q.supporting_ids, strict=True):
-            variants = [f"{ent.name} {w}" for w in COMPARE_QUERY_WORDS[kind]] + [ent.name]
+            variants = [f"{ent.name} {w}" for w in self.compare_words(ent, rel)] + [ent.name]
             queries.append(self.choose_query(variants, pid, [values[ent.id]]))
         opener = f"I need the {noun} of {a.name} and of {b.name}"
         obs = yield search_turn(
@@ -529,7 +629,7 @@ class GoldWriter:
         ent = self.e[q.entity_ids[0]]
         rel = q.relation.split(".", 1)[1]
         picture = IMAGE_NOUNS[ent.kind]
-        noun = KIND_NOUNS[ent.kind]
+        noun = self.noun(ent.kind)
         obs = yield image_search_turn(
             f"The question is about the {noun} whose {picture} is shown. I do not know whose "
             f"{picture} it is, so I will search for similar images first."
@@ -541,7 +641,7 @@ class GoldWriter:
             raise GoldSkip("the image search returned no titled hit")
         if title != ent.name:
             raise GoldSkip(f"the top image hit is {title!r}, not {ent.name!r}")
-        fact = fact_phrase(ent, rel, x=title)
+        fact = self.fact(ent, rel, x=title)
         query = self.choose_query(self.variants(ent, rel), q.supporting_ids[0], q.answers)
         obs = yield search_turn(
             f'The top result is titled "{title}", so the image shows the {picture} of {title}. '
@@ -562,18 +662,18 @@ class GoldWriter:
             rel = q.relation.split(".", 1)[1]
             steps = [
                 f'Search for "{self.first_query(q)}" to find the passage about {ent.name}.',
-                f"Read that passage and find {fact_phrase(ent, rel)}.",
-                f"Answer with {ANSWER_FORMS[rel]} only.",
+                f"Read that passage and find {self.fact(ent, rel)}.",
+                f"Answer with {self.answer_form(rel)} only.",
             ]
         elif q.type == "bridge":
             subj, rel1, mid, rel2, mention = self.bridge_parts(q)
-            that = f"that {KIND_NOUNS[mid.kind]}"
+            that = f"that {self.noun(mid.kind)}"
             steps = [
                 f'Search for "{self.first_query(q)}" to find the passage about {subj.name}.',
                 f"Read that passage and take the name of {mention}.",
-                f'Search for that name together with words such as "{query_words(mid, rel2)}".',
-                f"Read the passage about {that} and find {fact_phrase(mid, rel2, x=that)}.",
-                f"Answer with {ANSWER_FORMS[rel2]} only.",
+                f'Search for that name together with words such as "{self.query_words(mid, rel2)}".',
+                f"Read the passage about {that} and find {self.fact(mid, rel2, x=that)}.",
+                f"Answer with {self.answer_form(rel2)} only.",
             ]
         elif q.type == "comparison":
             kind = q.relation.split(".", 1)[0]
@@ -589,21 +689,21 @@ class GoldWriter:
         else:
             ent = self.e[q.entity_ids[0]]
             rel = q.relation.split(".", 1)[1]
-            noun = KIND_NOUNS[ent.kind]
+            noun = self.noun(ent.kind)
             that = f"that {noun}"
             steps = [
                 f'Call web_image_to_image_search once with img_idx "0" to identify the {noun} '
                 f"whose {IMAGE_NOUNS[ent.kind]} is shown.",
                 f"Take the title of the top result as the name of {that}.",
-                f'Search for that name together with words such as "{query_words(ent, rel)}".',
-                f"Read the passage and find {fact_phrase(ent, rel, x=that)}.",
-                f"Answer with {ANSWER_FORMS[rel]} only.",
+                f'Search for that name together with words such as "{self.query_words(ent, rel)}".',
+                f"Read the passage and find {self.fact(ent, rel, x=that)}.",
+                f"Answer with {self.answer_form(rel)} only.",
             ]
         return "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
 
     def planner_reply(self, q: Question, plan: str) -> str:
         if q.type == "convention":  # the wording is vague: the plan names the fact it means
-            fact = fact_phrase(self.e[q.entity_ids[0]], q.relation.split(".", 1)[1])
+            fact = self.fact(self.e[q.entity_ids[0]], q.relation.split(".", 1)[1])
             why = f"the wording is vague; here it asks for {fact}"
         else:
             why = {

@@ -22,6 +22,12 @@ and then an unrelated memory, as retrieval returns them. Half of the chats that 
 positives and negatives are shown with the negatives only (:data:`NEGATIVES_ONLY_RATE`): what a
 Planner meets first for a new kind of question, where the plan must read the fact the failure
 did not.
+
+The reason (``<think>``) may name a failure's expected answer; the plan after it never names a
+remembered entity or expected answer the question lacks (the filter that drops such a Planner
+plan, :func:`mia.planner.planners.leaked_entities`): a chat whose plan would is left out.
+Worlds drawn per seed (docs/world.md) bring their own conventions and wordings: the readings
+come from ``world.lexicon.conventions`` (:func:`readings`), the facts in the world's nouns.
 """
 
 from __future__ import annotations
@@ -33,10 +39,14 @@ from typing import Any
 from mia.apps.gold import GoldExample, GoldSkip, GoldWriter, fact_phrase, generate_gold
 from mia.data.world import World
 from mia.data.world_questions import CONVENTIONS, Facts, Question
+from mia.planner.planners import leaked_entities
 from mia.prompts.planner import memory_context, plan_messages
 from mia.trace import answer_evidence, rule_summary
 
 TYPES = ("single_hop", "bridge", "comparison", "convention")
+# The legacy worlds' conventions' readings: what :func:`readings` gives for a legacy world (a
+# drawn world has its own conventions). The table stays, as the Planner recipe's data key has
+# always hashed it (mia.apps.warm_start.data_fingerprint).
 READINGS = {c.id: c.readings for c in CONVENTIONS}
 # Share of the chats with both positives and negatives (single hop, conventions) shown with the
 # negatives only: early in a test stream a new kind of question has only failures in memory,
@@ -59,6 +69,12 @@ class Memory:
     modality: str = "text-only"
     image_caption: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def readings(world: World) -> dict[str, tuple[str, ...]]:
+    """Every relation each convention wording of ``world`` could mean, by the wording's id
+    (``Question.template``): the world's own conventions (``world.lexicon.conventions``)."""
+    return {c.id: c.readings for c in world.lexicon.conventions}
 
 
 def kind_of(q: Question) -> str:
@@ -128,12 +144,13 @@ def planner_memory_examples(
     neg_only_rng = random.Random(f"planner-memory-negatives-only:{world.seed}:{seed}")
     expected_rng = random.Random(f"planner-memory-expected:{world.seed}:{seed}")
     questions = [q for q in world.split(split) if q.type in TYPES]
+    meanings = readings(world)
     # Every question under every reading it can have (conventions: all readings; single hop:
     # its own fact and one other), replayed for real so each workflow is a true transcript.
     asked: list[Question] = []
     for q in questions:
         if q.type == "convention":
-            rels = READINGS.get(q.template, ())
+            rels = meanings.get(q.template, ())
         elif q.type == "single_hop":
             ent = world.entities[q.entity_ids[0]]
             others = [r for r in Facts(world.entities, world.passages).relations(ent)]
@@ -176,7 +193,7 @@ def planner_memory_examples(
         rng.shuffle(peers)
         own = _own(q)
         if q.type == "convention":
-            rels = [r for r in READINGS.get(q.template, ()) if transcript(q, r) is not None]
+            rels = [r for r in meanings.get(q.template, ()) if transcript(q, r) is not None]
             if not rels:
                 continue
             want = rng.choice(rels)
@@ -193,7 +210,7 @@ def planner_memory_examples(
         # questions (memory_serve keeps one memory per question).
         for p in [p for p in peers if p.id not in used] + [p for p in peers if p.id in used]:
             if q.type == "convention":
-                others = [r for r in READINGS.get(p.template, ()) if r != want]
+                others = [r for r in meanings.get(p.template, ()) if r != want]
             elif q.type == "single_hop":
                 others = [k.split("~", 1)[1] for k in done if k.startswith(f"{p.id}~")]
                 others = [r for r in others if r != want]
@@ -221,6 +238,11 @@ def planner_memory_examples(
             plan = writer.plan(target)
         except GoldSkip:  # no query finds a supporting passage: the gold has no plan for it
             continue
+        context = memory_context(pos_mem, neg_mem)
+        if leaked_entities(plan, q.question, context):
+            # A plan never hands on a remembered entity or expected answer (a Planner's plan
+            # that does is dropped): such a chat would teach the opposite, it is left out.
+            continue
         rows.append(
             {
                 "id": f"{q.id}#memory{draw}",
@@ -228,7 +250,7 @@ def planner_memory_examples(
                 "relation": target.relation,
                 "question": q.question,
                 "planner_messages": [
-                    *plan_messages(memory_context(pos_mem, neg_mem), q.question, image=False),
+                    *plan_messages(context, q.question, image=False),
                     {
                         "role": "assistant",
                         "content": _reply(world, target, pos, neg, plan, neg_expected),
@@ -248,7 +270,9 @@ def _fact(world: World, ex: GoldExample) -> str:
     """The fact a single-hop transcript concluded with, as its Planner would describe it."""
     base = ex.id.split("~", 1)[0]
     q = next(q for q in world.questions if q.id == base)
-    return fact_phrase(world.entities[q.entity_ids[0]], ex.relation.split(".", 1)[1])
+    return fact_phrase(
+        world.entities[q.entity_ids[0]], ex.relation.split(".", 1)[1], lexicon=world.lexicon
+    )
 
 
 def _reply(
@@ -271,7 +295,7 @@ def _reply(
             parts.append("No similar question was answered correctly")
         if neg and expected is not None:
             rel = expected.relation.split(".", 1)[1]
-            wanted = fact_phrase(world.entities[expected.entity_ids[0]], rel)
+            wanted = fact_phrase(world.entities[expected.entity_ids[0]], rel, lexicon=world.lexicon)
             parts.append(
                 f"a failed one found {_fact(world, neg[0])}, but {expected.answer} was "
                 f"expected, {wanted}"
@@ -279,7 +303,7 @@ def _reply(
         elif neg:
             parts.append(f"a failed one found {_fact(world, neg[0])}")
         rel = target.relation.split(".", 1)[1]
-        look = fact_phrase(world.entities[target.entity_ids[0]], rel)
+        look = fact_phrase(world.entities[target.entity_ids[0]], rel, lexicon=world.lexicon)
         parts.append(f"so I will look for {look}" + ("" if pos else " instead"))
         why = "; ".join(parts)
     else:

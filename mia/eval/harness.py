@@ -232,10 +232,10 @@ class _Runner:
             memory = self.ctx.memory
             assert memory is not None
             try:
-                answer = await memory.post("/memories/find", {"data_ids": old, "source": source})
+                answer = await memory.find_memories(old, source)
             except RequestFailed as err:
                 raise MiaError(f"cannot check earlier memory writes: {err}") from None
-            found = {m["data_id"]: m for m in answer["memories"]}
+            found = {m.data_id: {"id": m.id} for m in answer.memories}
         missing = []
         for r in rows:
             m = found.get(r["id"])
@@ -258,12 +258,11 @@ class _Runner:
         memory = self.ctx.memory
         assert memory is not None
         try:
-            answer = await memory.post(
-                "/memories",
+            answer = await memory.save_memories(
                 [
                     memory_item(r, self.journal.source, self.cfg.memory.remember_expected)
                     for r in rows
-                ],
+                ]
             )
         except RequestFailed as err:
             if err.status is None:
@@ -277,13 +276,13 @@ class _Runner:
             self.writes_done += 1
             self._failed(rows[0]["id"], str(err))
             return
-        results = answer["results"]
+        results = answer.results
         if len(results) != len(rows):
             raise MiaError(f"memory_serve answered {len(results)} results for {len(rows)} items")
         for r, res in zip(rows, results, strict=True):
             self.writes_done += 1
             fault_point("after_write", self.writes_done)
-            self._receipt(r["id"], res["id"], "write", res)
+            self._receipt(r["id"], res.id, "write", res.model_dump(mode="json"))
 
     async def _write_baseline(self, rows: list[dict[str, Any]]) -> None:
         """A baseline's writes, one by one in order. An LLM failure (after the client's
@@ -350,8 +349,7 @@ async def _preflight(serve: ExecutorClient, memory: MemoryClient | None, p: Poli
     if memory is None:
         return
     await memory.check_health()
-    stats = await memory.get("/stats")
-    mode = stats.get("compress_mode") if isinstance(stats, dict) else None
+    mode = (await memory.stats()).compress_mode
     if p.compress_modes is not None and mode not in p.compress_modes:
         raise MiaError(
             f"policy {p.name} needs memory_serve with compress.mode={'|'.join(p.compress_modes)}, but "
@@ -424,7 +422,7 @@ async def run_policy(
             baseline.clear()
         elif p.writes and cfg.memory.clear_on_start:
             assert memory is not None
-            await memory.post("/clear_memory", {})
+            await memory.clear_memory()
         if progress:
             from tqdm import tqdm
 

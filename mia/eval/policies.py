@@ -161,7 +161,7 @@ class FlowContext:
             )
         if p.retrieve:
             assert self.memory is not None
-            return GuidePlanner(self.memory, self.top_k)
+            return GuidePlanner(self.memory, self.top_k, redact_leaked=self.drop_leaked_plans)
         return NoPlanner()
 
     def flow(self) -> PlannerFlow:
@@ -304,22 +304,6 @@ async def run_question(item: QAItem, index: int, ctx: FlowContext) -> dict[str, 
         )
     row["elapsed_s"] = round(time.perf_counter() - start, 3)
     return row
-
-
-async def _planner(
-    ctx: FlowContext, path: str, payload: dict[str, Any], errors: list[str]
-) -> dict[str, Any] | None:
-    """A planner route's answer, or None when the planner LLM gave nothing usable (502
-    ``llm_empty``: no plan, no yes/no): the step is skipped and the reason recorded in
-    ``errors`` (retrying a greedy model would not help). Other failures fail the question."""
-    assert ctx.memory is not None
-    try:
-        return await ctx.memory.post(path, payload)
-    except RequestFailed as err:
-        if err.code != "llm_empty":
-            raise
-        errors.append(" ".join(str(err).split()))
-        return None
 
 
 async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:

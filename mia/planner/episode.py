@@ -34,6 +34,7 @@ from mia.planner.flow import Executor, FlowConfig, PlannerFlow, PlannerRun, Task
 from mia.planner.planners import IMAGE_VARIANTS, ConversationPlanner, NoPlanner, TurnLimits
 from mia.rl.episode import Rollout
 from mia.services import MemoryClient
+from mia.services.serve import ExecuteResponse
 
 
 @dataclass
@@ -193,7 +194,7 @@ class _SampledExecutor:
 
     async def execute(
         self, question: str, plan: str, *, data_id: str | None = None, images: Any = ()
-    ) -> dict[str, Any]:
+    ) -> ExecuteResponse | dict[str, Any]:
         return await self.executor.execute(
             question,
             plan,
@@ -203,7 +204,7 @@ class _SampledExecutor:
             seed=self.seed,
         )
 
-    async def continue_(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    async def continue_(self, *args: Any, **kwargs: Any) -> ExecuteResponse | dict[str, Any]:
         return await self.executor.continue_(*args, **kwargs)
 
 

@@ -36,6 +36,7 @@ from mia.errors import MiaError
 from mia.judge.panel import truncate_middle
 from mia.llm.think import text_after_think
 from mia.rewards.planner import PlannerEpisodeRecord
+from mia.services.serve import ExecuteResponse
 from mia.trace import format_trace
 
 STOP_DONE = "done"
@@ -270,7 +271,9 @@ class Planner(Protocol):
 
 
 class Executor(Protocol):
-    """The Executor behind the flow (serve's JSON answers)."""
+    """The Executor behind the flow: serve's :class:`ExecuteResponse`
+    (:class:`mia.services.ExecutorClient`) or an in-process Executor's view of one (a dict with
+    its ``answer``, ``trace``, ``messages``); the run keeps it as JSON (:func:`executor_json`)."""
 
     async def execute(
         self,
@@ -281,7 +284,7 @@ class Executor(Protocol):
         images: Sequence[str] = (),
         temperature: float | None = None,
         seed: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> ExecuteResponse | dict[str, Any]:
         """``temperature`` / ``seed``: sample this run (None: the Executor's own sampling)."""
         ...
 
@@ -293,7 +296,12 @@ class Executor(Protocol):
         *,
         data_id: str | None = None,
         images: Sequence[str] = (),
-    ) -> dict[str, Any]: ...
+    ) -> ExecuteResponse | dict[str, Any]: ...
+
+
+def executor_json(answer: ExecuteResponse | dict[str, Any]) -> dict[str, Any]:
+    """An Executor's answer as serve's JSON (what :class:`PlannerRun` keeps and dumps)."""
+    return answer.model_dump(mode="json") if isinstance(answer, ExecuteResponse) else answer
 
 
 Handler = Callable[[PlannerRun], Awaitable[State]]
@@ -340,8 +348,8 @@ class PlannerFlow:
 
     async def _execute(self, run: PlannerRun) -> State:
         t = run.task
-        run.first = await self.executor.execute(
-            t.question, run.plan, data_id=t.data_id, images=t.images
+        run.first = executor_json(
+            await self.executor.execute(t.question, run.plan, data_id=t.data_id, images=t.images)
         )
         return State.REFLECT if self.cfg.reflect and self.planner.reflects else State.DONE
 
@@ -365,11 +373,12 @@ class PlannerFlow:
 
     async def _continue(self, run: PlannerRun) -> State:
         t = run.task
-        run.final = await self.executor.continue_(
+        answer = await self.executor.continue_(
             t.question,
             list((run.first or {}).get("messages") or []),
             run.replan,
             data_id=t.data_id,
             images=t.images,
         )
+        run.final = executor_json(answer)
         return State.DONE

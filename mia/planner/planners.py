@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from mia.agent import Trajectory
 from mia.embedding import question_names
 from mia.errors import MiaError
 from mia.llm.base import SamplingParams
 from mia.planner.flow import PlannerRun
+from mia.prompts import manager as manager_text
 from mia.prompts import planner as planner_text
 from mia.services import MemoryClient, RequestFailed
 
@@ -29,6 +30,7 @@ from mia.services import MemoryClient, RequestFailed
 JUDGE_TURN = "judge_prompt"
 REPLAN_TURN = "replan_prompt"
 IMAGE_VARIANTS = ("auto", "text", "image")
+R = TypeVar("R")
 
 
 @dataclass
@@ -56,23 +58,81 @@ class TurnLimits:
 
 
 _MEMORY_QUESTION = re.compile(r"^- Question: (.*)$", re.MULTILINE)
+_MEMORY_EXPECTED = re.compile(
+    "^" + re.escape(manager_text.EXPECTED_LINE.split("{answer}")[0]) + "(.*)$", re.MULTILINE
+)
+# What the rag guide says in place of a remembered entity or expected answer (redact_remembered).
+REDACTED_ENTITY = "[entity]"
+REDACTED_ANSWER = "[answer]"
+
+
+def _phrase(text: str, any_case: bool = True) -> str:
+    """A pattern of ``text`` as a whole phrase (not inside a longer word)."""
+    return rf"(?<!\w)({'?i:' if any_case else '?:'}{re.escape(text)})(?!\w)"
+
+
+def remembered(question: str, memory_context: str) -> tuple[list[str], list[str]]:
+    r"""What the memory context remembers that ``question`` does not hold: the entity names of
+    its memories' questions (the ``- Question:`` lines; :func:`mia.embedding.question_names`)
+    that ``question`` lacks, and its failures' expected answers (the ``- Expected Answer:``
+    lines, :data:`mia.prompts.manager.EXPECTED_LINE`) that ``question`` does not contain as a
+    whole phrase (any case). Strings of three characters or fewer are left out: a plan's
+    numbering and small words hold them by chance.
+
+    >>> ctx = "- Question: How old is Pstad?\n- Expected Answer: 1603\n"
+    >>> remembered("How old is Lirford?", ctx)
+    (['Pstad'], ['1603'])
+    """
+    names: set[str] = set()
+    for line in _MEMORY_QUESTION.findall(memory_context):
+        names.update(n for n in question_names(line) if len(n) > 3 and n not in question)
+    answers = {a.strip() for a in _MEMORY_EXPECTED.findall(memory_context)}
+    answers = {a for a in answers if len(a) > 3 and not re.search(_phrase(a), question)}
+    return sorted(names), sorted(answers)
 
 
 def leaked_entities(plan: str, question: str, memory_context: str) -> list[str]:
-    r"""The names of retrieved memories' questions (the memory context's ``- Question:`` lines;
-    :func:`mia.embedding.question_names`) that ``plan`` repeats and ``question`` does not
-    contain: a plan written about a remembered question's entity instead of the one asked.
+    r"""What ``plan`` copies from the retrieved memories that ``question`` lacks
+    (:func:`remembered`): a remembered question's entity name (a plan written about that
+    entity instead of the one asked) or a remembered failure's expected answer (as a whole
+    phrase, any case: another question's answer handed to this one). Sorted, each once.
 
     >>> ctx = "[Example 1]\n- Judgement: incorrect\n- Question: How old is Pstad?\n"
     >>> leaked_entities("1. Search for 'Pstad age'.", "How old is Lirford?", ctx)
     ['Pstad']
     >>> leaked_entities("1. Search for 'Lirford founded'.", "How old is Lirford?", ctx)
     []
+    >>> ctx += "- Expected Answer: 1603\n"
+    >>> leaked_entities("1. Check that it is 1603.", "How old is Lirford?", ctx)
+    ['1603']
     """
-    names: set[str] = set()
-    for line in _MEMORY_QUESTION.findall(memory_context):
-        names.update(n for n in question_names(line) if len(n) > 3 and n not in question)
-    return sorted(n for n in names if n in plan)
+    names, answers = remembered(question, memory_context)
+    hits = {n for n in names if n in plan}
+    hits |= {a for a in answers if re.search(_phrase(a), plan)}
+    return sorted(hits)
+
+
+def redact_remembered(text: str, question: str, memory_context: str | None = None) -> str:
+    r"""``text`` with every remembered entity name and expected answer that ``question`` lacks
+    (:func:`remembered` of ``memory_context``, by default ``text`` itself) replaced, as a whole
+    phrase, by :data:`REDACTED_ENTITY` / :data:`REDACTED_ANSWER` (names as written, answers in
+    any case; a string that is both is an answer; longer strings first, so a name inside a
+    longer one is not cut apart). What ``rag``'s guide becomes under
+    ``memory.drop_leaked_plans`` (:class:`GuidePlanner`).
+
+    >>> ctx = "- Question: How old is Pstad?\n- Expected Answer: 1603\n"
+    >>> print(redact_remembered(ctx, "How old is Lirford?"), end="")
+    - Question: How old is [entity]?
+    - Expected Answer: [answer]
+    """
+    names, answers = remembered(question, text if memory_context is None else memory_context)
+    if not names and not answers:
+        return text
+    label = {n.casefold(): REDACTED_ENTITY for n in names}
+    label |= {a.casefold(): REDACTED_ANSWER for a in answers}
+    strings = sorted({*names, *answers}, key=lambda s: (-len(s), s))
+    pattern = "|".join(_phrase(s, any_case=s in answers) for s in strings)
+    return re.sub(pattern, lambda m: label[m.group(0).casefold()], text)
 
 
 def image_prompt(run: PlannerRun, variant: str) -> bool:
@@ -94,8 +154,7 @@ async def retrieve(
     out = await memory.memory(
         t.question, image_caption=t.image_caption, data_id=t.data_id, top_k=top_k
     )
-    ids = [int(i) for i in out.get("positive_ids", []) + out.get("negative_ids", [])]
-    return str(out.get("context", "")), ids
+    return out.context, [*out.positive_ids, *out.negative_ids]
 
 
 class EmptyReply(MiaError):
@@ -244,8 +303,8 @@ class RemotePlanner:
     holds no failed similar question (memories that show only successes say the Executor
     answers such questions alone); both are ``/plan``'s ``plan_if``, decided on the one
     retrieval of that request. ``drop_leaked``: a plan that names a retrieved memory's entity
-    the question lacks (:func:`leaked_entities`) is dropped:
-    the Executor answers alone, the plan is noted in ``run.planner_errors``."""
+    or a remembered failure's expected answer the question lacks (:func:`leaked_entities`) is
+    dropped: the Executor answers alone, the plan is noted in ``run.planner_errors``."""
 
     reflects = True
 
@@ -269,9 +328,7 @@ class RemotePlanner:
         self.drop_leaked = drop_leaked
         self.name = "remote"
 
-    async def _step(
-        self, run: PlannerRun, call: Awaitable[dict[str, Any]]
-    ) -> dict[str, Any] | None:
+    async def _step(self, run: PlannerRun, call: Awaitable[R]) -> R | None:
         """A route's answer; with ``skip_empty``, None when the Planner LLM gave nothing usable
         (``502 llm_empty``: no plan, no yes/no), recorded in ``run.planner_errors`` (a greedy
         model would say nothing again)."""
@@ -297,13 +354,13 @@ class RemotePlanner:
                 plan_if=plan_if,
             ),
         )
-        if out is None or out.get("planner") == "none":  # the Executor goes without a guide
+        if out is None or out.planner == "none":  # the Executor goes without a guide
             return True
-        run.plan, run.messages = str(out["plan"]), list(out["messages"])
+        run.plan, run.messages = out.plan, list(out.messages)
         run.plan_raw = _last_reply(run.messages, run.plan)
-        run.memory_ids = [int(i) for i in out.get("memory_ids") or []]
-        run.memory_context = str(out.get("context") or "")
-        run.planner = str(out.get("planner") or "")
+        run.memory_ids = list(out.memory_ids)
+        run.memory_context = out.context
+        run.planner = out.planner
         if self.drop_leaked and (
             leaked := leaked_entities(run.plan, t.question, run.memory_context)
         ):
@@ -321,10 +378,10 @@ class RemotePlanner:
         out = await self._step(run, self.memory.judge_replan(trace, run.messages, run.memory_ids))
         if out is None:
             return True
-        run.messages = list(out["messages"])
+        run.messages = list(out.messages)
         # ``need_replan`` is the reference's "yes"/"no" text; the boolean is ``replan_needed``.
-        run.need_replan = bool(out["replan_needed"])
-        run.decision_raw = _last_reply(run.messages, str(out.get("decision", "")))
+        run.need_replan = out.replan_needed
+        run.decision_raw = _last_reply(run.messages, out.decision)
         return True
 
     async def replan(self, run: PlannerRun) -> bool:
@@ -341,8 +398,8 @@ class RemotePlanner:
         )
         if out is None:
             return True
-        run.messages = list(out["messages"])
-        run.replan = str(out["replan"])
+        run.messages = list(out.messages)
+        run.replan = out.replan
         run.replan_raw = _last_reply(run.messages, run.replan)
         return True
 
@@ -372,19 +429,29 @@ class NoPlanner:
 class GuidePlanner(NoPlanner):
     """The retrieved memories themselves are the guide (``rag``): ``/memory``'s context text
     goes where a plan would; an empty memory gives no guide at all (the first question runs as
-    ``none``)."""
+    ``none``). ``redact_leaked`` (``memory.drop_leaked_plans``, as a ``mia`` plan is dropped):
+    the guide hands the Executor no remembered entity or expected answer the question lacks;
+    each is replaced throughout the context by ``[entity]`` / ``[answer]``
+    (:func:`redact_remembered`), so the memories still show how similar questions were
+    researched but not about whom, nor what the answer was. ``run.memory_context`` keeps the
+    context as retrieved."""
 
     name = "rag"
 
-    def __init__(self, memory: MemoryClient, top_k: int | None = None) -> None:
+    def __init__(
+        self, memory: MemoryClient, top_k: int | None = None, *, redact_leaked: bool = False
+    ) -> None:
         self.memory = memory
         self.top_k = top_k
+        self.redact_leaked = redact_leaked
 
     async def plan(self, run: PlannerRun) -> bool:
         context, ids = await retrieve(self.memory, run, self.top_k)
         run.memory_ids = ids
         run.memory_context = context if ids else ""
         run.plan = run.memory_context
+        if self.redact_leaked and run.plan:
+            run.plan = redact_remembered(run.plan, run.question)
         return True
 
 

@@ -203,8 +203,8 @@ class RemoteReward:
             question=str(sample.get("question", "")),
             data_source=sample.get("data_source") or None,
         )
-        extras = dict(out.get("extras") or {})
+        extras = dict(out.extras)
         for key in ("judgement", "format_score", "decision_score"):
-            if out.get(key) is not None:
-                extras.setdefault(key, out[key])
-        return float(out["score"]), extras
+            if (value := getattr(out, key)) is not None:
+                extras.setdefault(key, value)
+        return out.score, extras

@@ -64,7 +64,7 @@ def bank_item(sample: Mapping[str, Any], rollout: Any, extras: Mapping[str, Any]
 
 
 def check_empty_buffer(client: MemoryClient) -> None:
-    n = int(client.stats_sync().get("buffered_rollouts", 0))
+    n = client.sync.stats().buffered_rollouts
     if n:
         raise MiaError(
             f"memory_serve already buffers {n} rollouts that are not from this run; consolidate "
@@ -100,31 +100,33 @@ def commit_batch(
             out.update(done[phase])
 
     def buffered() -> int:
-        return int(client.stats_sync().get("buffered_rollouts", 0))
+        return client.sync.stats().buffered_rollouts
 
     if "bank_saved" not in done:
         # A kill during the request leaves "bank_saving" alone: the buffer says if it landed.
         if "bank_saving" not in done or buffered() == 0:
             journal.mark(batch, "bank_saving")
             if payload["bank"]:
-                client.bank_save_sync(payload["bank"])
+                client.sync.bank_save(payload["bank"])
         journal.mark(batch, "bank_saved")
         lap("bank_save")
         crash("after_bank_save")
     if "evaluated" not in done:
         info: dict[str, Any] = {}
         if eval_dir is not None:
-            ev = client.batch_evaluate_sync(eval_dir, step=batch)
-            info["selected_accuracy"] = ev.get("accuracy", {})
+            ev = client.sync.batch_evaluate(eval_dir, step=batch)
+            info["selected_accuracy"] = ev.accuracy
         out.update(info)
         journal.mark(batch, "evaluated", info)
         lap("evaluate")
     if "consolidated" not in done:
         if "consolidating" not in done or buffered() > 0:
             journal.mark(batch, "consolidating")
-            res = client.consolidate_sync()
+            res = client.sync.consolidate()
             info = {
-                k: res.get(k) for k in ("saved_positives", "saved_negatives", "saved_plan_pairs")
+                "saved_positives": res.saved_positives,
+                "saved_negatives": res.saved_negatives,
+                "saved_plan_pairs": res.saved_plan_pairs,
             }
         else:  # consolidated before the kill; its counts are lost with the answer
             info = {}
@@ -134,7 +136,7 @@ def commit_batch(
         crash("after_consolidate")
     if "saved" not in done:
         if save_path is not None:
-            client.save_memory_sync(save_path)
+            client.sync.save_memory(save_path)
         journal.mark(batch, "saved")
         lap("save")
     return {**out, "memory_seconds": seconds}

@@ -2,16 +2,21 @@
 the server that answers them and the client that sends them, plus that client.
 
 - :mod:`mia.services.base` — :class:`ServiceClient` (bearer token, retries on connection
-  failures, one pool per event loop) and :class:`ServiceError` (the ``{"error": {...}}`` envelope);
+  failures, one pool per event loop), :class:`SyncClient` (any async client's methods for
+  blocking code: ``memory.sync.plan(q)``) and :class:`ServiceError` (the ``{"error": {...}}``
+  envelope);
 - :mod:`mia.services.memory` — memory_serve (retrieval, plans, writes, TTRL, persistence);
-- :mod:`mia.services.search` — local_search (Search-R1 ``/retrieve``);
+- :mod:`mia.services.search` — local_search (Search-R1 ``/retrieve``; its client is the agent's
+  ``search`` tool);
 - :mod:`mia.services.rewards` — the reward server;
 - :mod:`mia.services.streaming` — the TTRL streaming server;
 - :mod:`mia.services.serve` — serve (``/execute``, ``/continue``);
-- :mod:`mia.services.web` — web_tools ``/search``.
+- :mod:`mia.services.web` — web_tools ``/search``, ``/image_search``, ``/web_scrape``.
 
 The role trainers, the Planner flow and the evaluation harness talk to the services only
-through these clients, so a route's payload is written once.
+through these clients, so a route's payload is written once. A client method takes typed
+arguments (or the request model) and returns the route's response model; each is a coroutine,
+written once, and blocking code runs it through :class:`SyncClient`.
 """
 
 from mia.services.base import (
@@ -21,6 +26,7 @@ from mia.services.base import (
     ServiceClient,
     ServiceError,
     ServiceUnavailable,
+    SyncClient,
 )
 from mia.services.memory import MemoryClient
 from mia.services.rewards import RewardClient
@@ -36,4 +42,5 @@ __all__ = [
     "ServiceClient",
     "ServiceError",
     "ServiceUnavailable",
+    "SyncClient",
 ]

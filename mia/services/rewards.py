@@ -117,17 +117,28 @@ class RewardClient(ServiceClient):
 
     service = "reward_server"
 
-    def register_sync(self, entries: Sequence[tuple[str, Sequence[str] | str]]) -> dict[str, Any]:
-        body = {
+    async def register(
+        self, entries: Sequence[tuple[str, Sequence[str] | str]]
+    ) -> RegisterResponse:
+        """``/register_gts``: ``(data_id, ground truth)`` pairs (one answer or several)."""
+        fields = {
             "entries": [
                 {"data_id": str(i), "ground_truth": list(g) if not isinstance(g, str) else g}
                 for i, g in entries
             ]
         }
-        return self.post_sync("/register_gts", body)
+        body = self.build(RegisterRequest, fields, "/register_gts")
+        return await self.send("POST", "/register_gts", body, RegisterResponse)
 
     async def compute(
-        self, data_id: str, record: Mapping[str, Any], question: str = "", **extra: Any
-    ) -> dict[str, Any]:
-        body = {"data_id": data_id, "record": dict(record), "question": question, **extra}
-        return await self.post("/compute_gt_reward", body)
+        self,
+        data_id: str,
+        record: EpisodeRecord | Mapping[str, Any],
+        question: str = "",
+        **extra: Any,
+    ) -> ComputeRewardResponse:
+        """``/compute_gt_reward`` of one episode; ``extra``: more top-level fields (the reward
+        function reads them, e.g. ``data_source``)."""
+        fields = {"data_id": data_id, "record": record, "question": question, **extra}
+        body = self.build(ComputeRewardRequest, fields, "/compute_gt_reward")
+        return await self.send("POST", "/compute_gt_reward", body, ComputeRewardResponse)

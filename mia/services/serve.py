@@ -120,7 +120,8 @@ class ReferenceResponse(ExecuteResponse):
 
 
 class ExecutorClient(ServiceClient):
-    """serve: the (frozen) Executor runs a plan (``/execute``) and continues (``/continue``)."""
+    """serve: the (frozen) Executor runs a plan (``/execute``) and continues (``/continue``);
+    both answer :class:`ExecuteResponse`."""
 
     service = "serve"
 
@@ -133,17 +134,18 @@ class ExecutorClient(ServiceClient):
         images: Sequence[str] | None = None,
         temperature: float | None = None,
         seed: int | None = None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"question": question, "plan": plan}
+    ) -> ExecuteResponse:
+        fields: dict[str, Any] = {"question": question, "plan": plan}
         if data_id is not None:
-            body["data_id"] = data_id
+            fields["data_id"] = data_id
         if images:
-            body["images"] = list(images)
+            fields["images"] = list(images)
         if temperature is not None:
-            body["temperature"] = temperature
+            fields["temperature"] = temperature
         if seed is not None:
-            body["seed"] = seed
-        return await self.post("/execute", body)
+            fields["seed"] = seed
+        body = self.build(ExecuteRequest, fields, "/execute")
+        return await self.send("POST", "/execute", body, ExecuteResponse)
 
     async def continue_(
         self,
@@ -153,14 +155,15 @@ class ExecutorClient(ServiceClient):
         *,
         data_id: str | None = None,
         images: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    ) -> ExecuteResponse:
+        fields: dict[str, Any] = {
             "question": question,
             "messages": [dict(m) for m in messages],
             "replan": replan,
         }
         if data_id is not None:
-            body["data_id"] = data_id
+            fields["data_id"] = data_id
         if images:
-            body["images"] = list(images)
-        return await self.post("/continue", body)
+            fields["images"] = list(images)
+        body = self.build(ContinueRequest, fields, "/continue")
+        return await self.send("POST", "/continue", body, ExecuteResponse)

@@ -83,13 +83,22 @@ class SubmitRequest(BaseModel):
 
 
 class StreamingClient(ServiceClient):
+    """The streaming TTRL server. Its answers have no response model (their fields depend on
+    what the request did: docs/reference.md §3.6): plain JSON objects."""
+
     service = "ttrl_streaming"
 
-    def submit(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self.post_sync("/submit_sample", dict(body))
+    async def submit(self, body: SubmitRequest | Mapping[str, Any]) -> dict[str, Any]:
+        """``/submit_sample``: samples or rollouts to buffer (``finish``, ``flush_partial``)."""
+        request = self.build(SubmitRequest, body, "/submit_sample")
+        return await self.send("POST", "/submit_sample", request, dict[str, Any])
 
-    def save_checkpoint(self) -> dict[str, Any]:
-        return self.post_sync("/save_checkpoint", {})
+    async def save_checkpoint(self) -> dict[str, Any]:
+        """``/save_checkpoint``: checkpoint the Planner now (``checkpoint_global_step``,
+        ``path``)."""
+        return self.parse(
+            "/save_checkpoint", dict[str, Any], await self.post("/save_checkpoint", {})
+        )
 
 
 # ----------------------------------------------------------------------------- reference bodies

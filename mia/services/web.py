@@ -15,9 +15,10 @@ from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from mia.errors import MiaError
+from mia.services.base import M, first_error, wire
 
 MAX_QUERY_CHARS = 400  # as the reference gateway
 MAX_QUERIES = 32  # per request; larger batches should be split by the caller
@@ -249,12 +250,23 @@ class WebSearchError(MiaError):
         self.message = message
 
 
-class WebSearchClient:
-    """``await WebSearchClient(url).search(["q1", "q2"], 3)`` -> one result list per query.
+def _valid(model: type[M], data: Any, code: str, status: int) -> M:
+    """``data`` as ``model``; :class:`WebSearchError` ``code`` when it does not fit (a request:
+    not sent, as the gateway would refuse it; an answer: not the gateway's shape)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise WebSearchError(status, code, first_error(err)) from None
 
-    Each result is ``{"title", "url", "snippet", "kind", ["date"]}``. Batches larger than the
-    gateway's per-request limit are split transparently. Use as ``async with`` or call
-    :meth:`aclose`.
+
+class WebSearchClient:
+    """``await WebSearchClient(url).search(["q1", "q2"], 3)`` -> one :class:`SearchResult`
+    list per query; ``image_search`` and ``web_scrape`` answer :class:`ImageSearchResult` and
+    :class:`ScrapeResult`.
+
+    Batches larger than the gateway's per-request limit are split transparently. Use as
+    ``async with`` or call :meth:`aclose`; blocking code wraps it in
+    :class:`mia.services.base.SyncClient`.
     """
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 120.0) -> None:
@@ -268,16 +280,21 @@ class WebSearchClient:
         queries: list[str],
         max_results: int = DEFAULT_MAX_RESULTS,
         engine: Engine | None = None,
-    ) -> list[list[dict[str, Any]]]:
-        """``engine`` None = the gateway's ``default_engine``."""
-        out: list[list[dict[str, Any]]] = []
+    ) -> list[list[SearchResult]]:
+        """``POST /search`` (:class:`SearchRequest` -> :class:`SearchResponse`): one result list
+        per query, in order. ``engine`` None = the gateway's ``default_engine``."""
+        out: list[list[SearchResult]] = []
         for start in range(0, len(queries), MAX_QUERIES):
-            chunk = queries[start : start + MAX_QUERIES]
-            payload: dict[str, Any] = {"queries": chunk, "max_results": max_results}
+            fields: dict[str, Any] = {
+                "queries": queries[start : start + MAX_QUERIES],
+                "max_results": max_results,
+            }
             if engine is not None:
-                payload["engine"] = engine
-            body = await self._post(payload)
-            out += [entry["results"] for entry in body["queries"]]
+                fields["engine"] = engine
+            request = _valid(SearchRequest, fields, "invalid_request", 422)
+            body = await self._request("POST", "/search", json=wire(request))
+            answer = _valid(SearchResponse, body, "bad_response", 200)
+            out += [entry.results for entry in answer.queries]
         return out
 
     async def image_search(
@@ -291,7 +308,7 @@ class WebSearchClient:
         ``deterministic`` answers from the cache only (a miss is an error)."""
         params = {"q": query, "max_results": max_results, "engine": engine}
         body = await self._get("/image_search", params, deterministic)
-        return Envelope[ImageSearchResult].model_validate(body).result
+        return _valid(Envelope[ImageSearchResult], body, "bad_response", 200).result
 
     async def web_scrape(
         self, url: str, goal: str | None = None, deterministic: bool = False
@@ -299,7 +316,7 @@ class WebSearchClient:
         """``GET /web_scrape``: the page's main content as Markdown (``success`` false when the
         page had no extractable text)."""
         body = await self._get("/web_scrape", {"url": url, "goal": goal}, deterministic)
-        return Envelope[ScrapeResult].model_validate(body).result
+        return _valid(Envelope[ScrapeResult], body, "bad_response", 200).result
 
     async def _get(self, path: str, params: dict[str, Any], deterministic: bool) -> dict[str, Any]:
         query = {k: v for k, v in params.items() if v is not None}
@@ -313,9 +330,6 @@ class WebSearchClient:
         except httpx.HTTPError as err:
             raise WebSearchError(0, "unreachable", f"{type(err).__name__}: {err}") from None
         return resp.json()
-
-    async def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("POST", "/search", json=payload)
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
