@@ -1,39 +1,48 @@
-"""Does MIA make a research agent better? One table, with intervals, on the development world 1.
+"""The efficacy bench: the pre-registered protocol (docs/protocol.md), or the development table
+on world 1.
 
-    python bench/efficacy_bench.py                    # configs/demo/efficacy.yaml, $MIA_HOME
-    python bench/efficacy_bench.py --questions 1000   # every text test question (154)
-    python bench/efficacy_bench.py -- ttrl.n=6        # more demo overrides after --
-    python bench/efficacy_bench.py --baselines        # + mem0, amem, expel, memento,
-                                                      #   reasoningbank (configs/demo/baselines.yaml)
-    python bench/efficacy_bench.py --bf16             # the machine's own precision (faster)
+    python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml        # dev worlds
+    python bench/efficacy_bench.py --protocol configs/efficacy/protocol.yaml   # test worlds
+    python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml --baselines
+    python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml --questions 8 \
+        -- eval.workers=4                                   # dev only: mia demo arguments after --
 
-It runs ``mia demo --config configs/demo/efficacy.yaml`` (world seed 1, its first 64 text test
-questions, policies none / plan_only / rag / mia, then TTRL supervised and no-GT) and
-reads back ``demo.json``: accuracy with its 95% bootstrap interval, the paired difference
-against ``none`` with its interval, accuracy per question group (held-out wordings apart), tool
-calls, tokens and seconds per question. It writes ``efficacy.json`` and ``efficacy.png`` next to
-the run, prints the table and the targets (mia - none >= +10 points with the paired interval
-above 0; TTRL - mia >= +5 points with its interval above 0).
+**--protocol FILE** runs exactly what the protocol file fixes (:mod:`mia.apps.protocol`): per
+world, its stream (the test split's convention questions and its first N standard text
+questions, in file order), in each order (``file``, and ``shuffled`` with
+``random.Random("mia-protocol-order:<seed>")``), every row (``none``, ``mia``, ``feedback``, the
+controls, ``rag``, ``ttrl``, ``ttrl_lr0``) on a fresh memory, as ``mia demo`` runs it, in
+float32 (``MIA_BF16=0``). ``none`` reads and writes no memory, so it runs once per world and
+stands for both orders (the output says so). It prints one table per scope (all, standard,
+convention, and each question type): accuracy with 95% bootstrap intervals clustered by
+(world, template), and the paired clustered differences against ``none`` and ``mia``; then the
+targets, met or missed, each with its number. Under the run folder (``--out``, default
+``runs/protocol-<name>-<time>``): ``streams/world-<seed>-<order>.json`` (each stream's
+questions and every row's outcome per question), ``protocol.json`` (every table, difference and
+target), ``protocol.png``, and each row's own files under ``world-<seed>/<order>/<row>/``.
+Rerunning the same command with the same ``--out`` resumes. ``--baselines`` adds the five
+memory baselines (mem0, amem, expel, memento, reasoningbank) on the same streams, as a second
+table.
 
-World 1 is a development world: no role trains on it, but it was evaluated many times while
-the system was built, and the memory rule (template retrieval, ``plan_without_memory: false``,
-cold start off, rule summaries, ``drop_leaked_plans``, TTRL's failure gate and ``n: 4``, the
-evidence credit, the no-GT gate's form), the v2 Planner recipe and this bench's float32 were
-decided after looking at it (docs/results.md lists each with the run it followed). Its table is
-a development table, not a claim of memory's effect: its intervals also treat questions of the
-same template as independent.
+A **test** protocol (its worlds in the test range of configs/world/seeds.yaml) appends a row to
+the ledger (``--ledger``, docs/ledger.md) when it starts and another when it ends, refuses to
+look again at roles the ledger already holds a run of (``--another-look`` takes one, recorded
+like any other), and runs as fixed: ``--questions``, ``--bf16``, ``--config`` and demo
+overrides are for dev protocols; after ``--`` it takes only ``--model`` and the role endpoints
+(``--executor-url`` ...). A dev protocol never writes the ledger.
 
-It runs the embedded roles in float32 (``MIA_BF16=0``) on every CPU, so its table is the same
+**Without --protocol** the bench runs the development table of world 1, as docs/results.md's
+runs did: ``mia demo --config configs/demo/efficacy.yaml`` (world seed 1, its first 64 text test
+questions, policies none / plan_only / rag / mia, then TTRL supervised and no-GT;
+``--questions N`` another count, ``--baselines`` configs/demo/baselines.yaml: the five memory
+baselines in one table, no TTRL). It reads back ``demo.json`` and writes ``efficacy.json`` and
+``efficacy.png``. World 1 is a development world (the memory rule, the Planner recipe and this
+bench's float32 were decided after looking at it): its table is not a claim.
+
+Both run the embedded roles in float32 (``MIA_BF16=0``) on every CPU, so a table is the same
 from run to run and from machine to machine: batched bfloat16 decoding depends on which
-requests share a batch, which depends on timing, and moved a few answers from run to run
-(docs/results.md). A CPU without native bf16 runs float32 anyway; ``--bf16`` keeps the
-precision the machine would choose (faster where bf16 is native: 3,459 s against 5,503 s on
-the VM of docs/results.md, the float32 run sharing it with a niced job; not reproducible).
-
-``--baselines`` runs configs/demo/baselines.yaml instead: the same questions with none,
-plan_only, rag, the five memory baselines (docs/baselines.md) and mia, no TTRL, in one table,
-and adds the paired difference of mia against each baseline (the paper's expected shape:
-ExpeL and Memento closest to MIA, A-Mem and Mem0 behind).
+requests share a batch, which depends on timing (docs/results.md). ``--bf16`` keeps the
+precision the machine would choose (faster where bf16 is native; not reproducible; dev only).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -51,7 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mia.apps.demo_report import answer_correct  # noqa: E402
-from mia.eval.stats import format_comparison, paired_bootstrap_ci  # noqa: E402
+from mia.errors import MiaError  # noqa: E402
+from mia.eval.stats import format_comparison, paired_cluster_bootstrap_ci  # noqa: E402
 from ttrl.curve import format_steps  # noqa: E402
 
 
@@ -78,7 +89,11 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def targets(rows: list[dict], outcomes: dict[str, dict[str, float]]) -> list[str]:
+def targets(
+    rows: list[dict], outcomes: dict[str, dict[str, float]], templates: dict[str, str]
+) -> list[str]:
+    """The development table's targets and paired differences, intervals clustered by
+    template (``templates``: question id -> template, from demo.json)."""
     by = {r["policy"]: r for r in rows}
     lines = []
     if "mia" in by and "none" in by:
@@ -92,15 +107,19 @@ def targets(rows: list[dict], outcomes: dict[str, dict[str, float]]) -> list[str
     for name in ("mem0", "amem", "expel", "memento", "reasoningbank", "rag", "plan_only"):
         if name in outcomes and "mia" in outcomes and name in by:
             ids = sorted(set(outcomes["mia"]) & set(outcomes[name]))
-            m, lo, hi = paired_bootstrap_ci(
-                [outcomes["mia"][i] for i in ids], [outcomes[name][i] for i in ids]
+            m, lo, hi = paired_cluster_bootstrap_ci(
+                [outcomes["mia"][i] for i in ids],
+                [outcomes[name][i] for i in ids],
+                [templates.get(i, i) for i in ids],
             )
             lines.append(f"mia - {name} = {100 * m:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]")
     for name in ("ttrl", "ttrl-nogt"):
         if name in outcomes and "mia" in outcomes:
             ids = sorted(set(outcomes[name]) & set(outcomes["mia"]))
-            m, lo, hi = paired_bootstrap_ci(
-                [outcomes[name][i] for i in ids], [outcomes["mia"][i] for i in ids]
+            m, lo, hi = paired_cluster_bootstrap_ci(
+                [outcomes[name][i] for i in ids],
+                [outcomes["mia"][i] for i in ids],
+                [templates.get(i, i) for i in ids],
             )
             ok = m >= 0.05 and lo > 0
             lines.append(
@@ -132,23 +151,67 @@ def outcomes_from(out: Path, rows: list[dict]) -> dict[str, dict[str, float]]:
     return res
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--questions", type=int, default=None, help="first N test questions only")
-    p.add_argument("--out", default=None, help="run folder (default: a temp folder)")
-    p.add_argument("--config", default=None, help="demo config (default: efficacy.yaml)")
+    p.add_argument(
+        "--protocol",
+        default=None,
+        help="a protocol file (configs/efficacy/*.yaml): run it (docs/protocol.md)",
+    )
+    p.add_argument(
+        "--questions",
+        type=int,
+        default=None,
+        help="the first N questions of each stream (dev protocols; without --protocol: of "
+        "world 1's text test questions)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="run folder (default: runs/protocol-<name>-<time> with --protocol, else a temp "
+        "folder); the same folder resumes a protocol run",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="demo config (dev protocols: the rows' base, default configs/demo/default.yaml; "
+        "without --protocol: default efficacy.yaml)",
+    )
     p.add_argument(
         "--baselines",
         action="store_true",
-        help="the memory baselines too (configs/demo/baselines.yaml; no TTRL)",
+        help="the memory baselines too (with --protocol: the protocol's list, a second table; "
+        "without: configs/demo/baselines.yaml, no TTRL)",
     )
     p.add_argument(
         "--bf16",
         action="store_true",
-        help="the precision the machine chooses (bf16 where native: faster, not reproducible)",
+        help="the precision the machine chooses (bf16 where native: faster, not reproducible; "
+        "not for a test protocol)",
+    )
+    p.add_argument(
+        "--ledger",
+        default=str(ROOT / "docs" / "ledger.md"),
+        help="the ledger a test protocol appends its rows to (default docs/ledger.md)",
+    )
+    p.add_argument(
+        "--another-look",
+        action="store_true",
+        help="run a test protocol on roles the ledger already holds a run of (recorded too)",
     )
     p.add_argument("demo_args", nargs="*", help="more demo arguments / overrides (after --)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.protocol is not None:
+        try:
+            run_protocol_command(args)
+        except MiaError as err:
+            print(f"efficacy_bench: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        return
     if args.config is None:
         name = "baselines.yaml" if args.baselines else "efficacy.yaml"
         args.config = str(ROOT / "configs" / "demo" / name)
@@ -177,7 +240,7 @@ def main() -> None:
         for s in demo["summaries"]
     }
     outcomes = outcomes_from(out, rows)
-    lines = targets(rows, outcomes)
+    lines = targets(rows, outcomes, demo.get("templates") or {})
     # How much each TTRL pass could learn: GRPO steps skipped (every group tied) and why.
     grpo = {s["policy"]: s["grpo"] for s in demo["summaries"] if s.get("grpo")}
     lines += [f"{name}: {format_steps(report)}" for name, report in grpo.items()]
@@ -199,6 +262,39 @@ def main() -> None:
     print()
     print("\n".join(lines))
     print(f"\n{out / 'efficacy.json'}\n{out / 'efficacy.png'}")
+
+
+def run_protocol_command(args: argparse.Namespace) -> None:
+    """``--protocol FILE``: load and check the protocol, set the precision, run it."""
+    from mia.eval.protocol import load_protocol
+
+    protocol = load_protocol(args.protocol)
+    if protocol.kind == "test" and args.bf16:
+        raise MiaError(f"{args.protocol} is a test protocol: its precision is fixed (no --bf16)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Torch is not imported yet, so OpenMP reads this: the TTRL trainer in this process decodes
+    # beside the services, and spinning threads starve them (mia.eval.supervisor.thread_env).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if protocol.precision == "float32" and not args.bf16:
+        # float32 decodes every question the same way in every run and on every machine.
+        os.environ["MIA_BF16"] = "0"
+    from mia.apps.protocol import ProtocolOptions, run_protocol
+
+    path = Path(args.protocol)
+    out = Path(args.out or ROOT / "runs" / f"protocol-{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    demo_argv = [*(["--config", args.config] if args.config else []), *args.demo_args]
+    opts = ProtocolOptions(
+        path=path,
+        out=out,
+        demo_argv=demo_argv,
+        questions=args.questions,
+        baselines=args.baselines,
+        ledger=Path(args.ledger),
+        another_look=args.another_look,
+        command=shlex.join(["python", "bench/efficacy_bench.py", *sys.argv[1:]]),
+        root=ROOT,
+    )
+    run_protocol(protocol, opts)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ Checks (nothing is downloaded: models are built from configs with random weights
   both ranks. Passes when the loss and the gradient norm are finite and equal on both ranks.
   With one GPU (NCCL refuses two ranks on one device) it runs one NCCL rank over a 1-rank
   mesh with 8 of the 28 decoder layers (``MIA_SMOKE_LAYERS``); prints the step time.
+- ``verl``: one step of each recipes/verl recipe (executor_grpo, planner_grpo, ttrl) with veRL
+  (``VERL_PYTHON``, default ``.venv-verl/bin/python``) and the same step with ``mia.rl``, on a
+  random-initialised small Qwen2.5-VL-shaped model with local services; step time and tokens/s
+  side by side (scripts/gpu_smoke_verl.py). Not run on a GPU yet (docs/benchmarks.md).
 
 Exit status: 0 when nothing failed (skips allowed), 1 otherwise.
 """
@@ -39,6 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "scripts"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -469,7 +474,9 @@ def check_fsdp(tiny: bool, device: str, timeout_s: float) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--checks", default="vllm,fsdp,rollout_vl", help="comma-separated: vllm, fsdp, rollout_vl"
+        "--checks",
+        default="vllm,fsdp,rollout_vl,verl",
+        help="comma-separated: vllm, fsdp, rollout_vl, verl",
     )
     ap.add_argument("--tiny", action="store_true", help="tiny FSDP model (CPU-sized)")
     ap.add_argument("--device", default="auto", help="auto | cuda | cpu (fsdp check)")
@@ -482,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
-    unknown = sorted(set(checks) - {"vllm", "fsdp", "rollout_vl"})
+    unknown = sorted(set(checks) - {"vllm", "fsdp", "rollout_vl", "verl"})
     if unknown:
         print(f"gpu_smoke: error: unknown checks {unknown}", file=sys.stderr)
         return 2
@@ -490,6 +497,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mia-gpu-smoke-") as work:
         for name in checks:
             t0 = time.perf_counter()
+            if name == "verl":  # one line per recipe
+                from gpu_smoke_verl import check_verl
+
+                try:
+                    lines = check_verl(Path(work), args.timeout)
+                except Exception as err:
+                    lines = [("verl", "FAIL", f"{type(err).__name__}: {err}")]
+                for line in lines:
+                    ok = report(*line) and ok
+                continue
             try:
                 if name == "vllm":
                     status, detail = check_vllm(Path(work), args.lp_atol)

@@ -329,7 +329,7 @@ def _in_process() -> dict[str, tuple[Callable[[list[str]], Any], str]]:
         "web_tools serve": (lambda a: web_tools(["serve", *a]), "ttl_s (float) = 604800"),
         "web_tools": (web_tools, "rate_limit_qps (float) = 10.0"),
         "mia eval": (eval_, "memory.replan_top_k (int) = 0"),
-        "mia demo": (demo, "world.seed (int) = 1"),
+        "mia demo": (demo, "world.seed (int) = 20999"),
         "mia.rl": (mia_rl, "generator.max_batch_size (int) = 64"),
         "mia.rl.sft": (sft, "data.max_length (int | None) = 2048"),
         "mia.apps.warm_start": (warm_start, "gold_world.plan (str) = both"),
@@ -408,7 +408,7 @@ def test_schema_defaults_are_what_the_yaml_files_said() -> None:
 
     assert TrainerConfig().generator.max_batch_size == 64
     demo = DemoConfig()
-    assert demo.world.seed == 1
+    assert demo.world.seed == 20999
     assert demo.warm_start.sampling["executor"] == {"max_tokens": 192, "presence_penalty": 0.0}
     # The demo's values of mia eval's keys live in configs/demo/default.yaml.
     shipped = load_demo_config(None, [])

@@ -149,7 +149,28 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     for r in comp.values():  # intervals bracket the accuracy; paired differences vs none
         assert r["ci"][0] <= r["accuracy"] <= r["ci"][1]
         assert ("delta" in r) == (r["policy"] != "none")
-    assert demo["world"] == {"seed": 1, "size": "small"} and demo["warm_start"] == {}
+    assert demo["world"] == {"seed": 20999, "size": "small"} and demo["warm_start"] == {}
+    # The protocol's stream (conventions + standard, file order): its first 2 questions, both
+    # standard, of two templates; per kind, with intervals clustered by template.
+    assert demo["templates"] == {
+        "w20999_test_00000": "person.birth_city>city.region",
+        "w20999_test_00002": "person.death_year",
+    }
+    assert [(t["scope"], t["questions"], t["clusters"]) for t in demo["by_kind"]] == [
+        ("standard", 2, 2)
+    ]
+    assert [r["row"] for r in demo["by_kind"][0]["rows"]] == ["none", "plan_only", "mia", "ttrl"]
+    # Two questions of two templates: no failure can precede a question of its template.
+    assert demo["memory_chances"] == {
+        "policy": "mia", "templates": [], "needed": 2, "shown": False,
+    }  # fmt: skip
+    assert (
+        "note: 2 questions cannot show memory at work (0 template(s) where a failure precedes "
+        "a question of the same template, 2 needed); python bench/efficacy_bench.py "
+        "--protocol configs/efficacy/dev.yaml measures it" in lines
+    )
+    assert sum(line.startswith("note: ") for line in lines) == 1
+    assert "standard: 2 questions in 2 templates" in lines
     for policy in ("none", "plan_only", "mia"):
         rows = [json.loads(x) for x in (out / policy / "results.jsonl").read_text().splitlines()]
         assert [r_["modality"] for r_ in rows] == ["text-only", "text-only"]
@@ -159,15 +180,15 @@ def test_demo_runs_end_to_end_and_cleans_up(tiny_model: Path, home: Path, tmp_pa
     # World and index are cached under $MIA_HOME/demo and built atomically (no temp folders).
     demo_home = home / "demo"
     assert sorted(p.name for p in demo_home.iterdir()) == [
-        "index-world-small-s1-bm25",
-        "world-small-s1",
+        "index-world-small-s20999-bm25",
+        "world-small-s20999",
     ]
 
 
 @pytest.mark.slow
 def test_demo_ctrl_c_stops_every_service(tiny_model: Path, home: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    cached = (home / "demo" / "world-small-s1" / "world.json").is_file()
+    cached = (home / "demo" / "world-small-s20999" / "world.json").is_file()
     proc = subprocess.Popen(
         _demo(tiny_model, out, 12),
         env=_env(home),
@@ -243,6 +264,11 @@ def test_demo_config_composes_eval_and_cfg_prints_it(
     shipped = load_demo_config(None, [])
     assert not shipped.eval.memory.plan_without_failure  # ... and the demo's value
     assert shipped.eval.limit == 8 and shipped.eval.modality == "text-only"
+    assert (shipped.world.seed, shipped.stream.questions, shipped.stream.standard) == (
+        20999, "protocol", 24,
+    )  # fmt: skip
+    legacy = load_demo_config("efficacy", [])  # the development bench keeps world 1's stream
+    assert (legacy.world.seed, legacy.stream.questions, legacy.eval.limit) == (1, "file", 64)
     assert shipped.eval.judge.mode == "em"
     mine = tmp_path / "mine.yaml"
     mine.write_text("eval: {limit: 3}\n")
@@ -255,3 +281,21 @@ def test_demo_config_composes_eval_and_cfg_prints_it(
         load_demo_config(None, ["questions=3"])
     with pytest.raises(MiaError, match="eval.dataset and eval.services.index are the world's"):
         load_demo_config(None, ["eval.dataset=x.jsonl"])
+
+
+def test_memory_chances_count_templates_where_a_failure_comes_first() -> None:
+    """A template gives memory a chance when a question the first memory-writing policy
+    answered wrongly comes before another of its template (in the order asked)."""
+    from mia.apps.demo_report import memory_chances
+    from mia.data.formats import QAItem
+
+    items = [QAItem(id=f"q{i}", question=f"q{i}", answers=["a"]) for i in range(6)]
+    templates = {"q0": "a", "q1": "a", "q2": "b", "q3": "c", "q4": "b", "q5": "c"}
+    mia = {"q0": 0.0, "q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 0.0, "q5": 1.0}
+    got = memory_chances(items, templates, {"none": {}, "mia": mia}, ["none", "mia"])
+    assert got == {"policy": "mia", "templates": ["a", "c"], "needed": 2, "shown": True}
+    # b's failure (q4) comes after its other question: no chance there.
+    got = memory_chances(items[:5], templates, {"mia": mia}, ["mia"])
+    assert got == {"policy": "mia", "templates": ["a"], "needed": 2, "shown": False}
+    # No policy writes memory: none.
+    assert memory_chances(items, templates, {"none": mia}, ["none"])["policy"] is None

@@ -42,3 +42,23 @@ def test_cluster_bootstrap_resamples_linked_questions_together() -> None:
     assert cluster_bootstrap_ci([1, 0, 1, 1], [0, 1, 2, 3]) == bootstrap_ci([1, 0, 1, 1])
     d = paired_cluster_bootstrap_ci([1.0] * 4, [0.0, 1.0, 0.0, 1.0], ["a", "a", "b", "b"])
     assert d[0] == 0.5 and d[1] == d[2] == 0.5  # every resample holds the same mix
+
+
+def test_comparison_with_clusters_resamples_templates_together() -> None:
+    """``clusters`` (question id -> template): the table's intervals are clustered; the means
+    stay per question."""
+    from mia.eval.stats import cluster_bootstrap_ci, paired_cluster_bootstrap_ci
+
+    none = {i: float(i % 4 == 0) for i in range(20)}
+    mia = {i: float(i < 10) for i in range(20)}
+    clusters = {i: f"t{i // 5}" for i in range(20)}  # four templates of five questions
+    rows = comparison({"none": none, "mia": mia}, clusters=clusters)
+    labels = [clusters[i] for i in sorted(none)]
+    mean, lo, hi = cluster_bootstrap_ci([mia[i] for i in sorted(mia)], labels)
+    assert rows[1]["accuracy"] == mean == 0.5 and rows[1]["ci"] == [lo, hi]
+    d = paired_cluster_bootstrap_ci(
+        [mia[i] for i in sorted(mia)], [none[i] for i in sorted(none)], labels
+    )
+    assert rows[1]["delta"] == {"vs": "none", "mean": d[0], "ci": [d[1], d[2]]}
+    plain = comparison({"none": none, "mia": mia})
+    assert plain[1]["accuracy"] == 0.5 and plain[1]["ci"] != rows[1]["ci"]

@@ -559,3 +559,84 @@ def test_question_votes_take_the_majority_answer() -> None:
         ("Y", 1.0, "greedy"),
     ]
     assert given[1]["vote_answer"] == "X"
+
+
+# ----------------------------------------------------------------------------- lr = 0
+
+
+class SeededPlans:
+    """A scripted Planner (token generator) whose plan depends on the rollout's sampling seed:
+    the n plans of a question differ (so GRPO groups are not all tied), and a pass rolls out
+    the same plans whatever the weights. Records every state dict pushed to it."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from role_fixtures import ScriptedGenerator
+
+        self.inner = ScriptedGenerator(tokenizer, lambda _p: "")
+        self.synced: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids: list[int], params: Any = None, multimodal: Any = None):
+        seed = 0 if params is None or params.seed is None else int(params.seed)
+        turns = len(self.inner.tokenizer.decode(prompt_ids).split("<|im_start|>assistant\n")) - 1
+        # "step 7" leads the Executor to the right answer, "step 0" does not (executor_reply)
+        text = (
+            f"<think>p</think>\n1. Search step {7 if seed % 2 else 0}."
+            if turns == 1
+            else "<think>ok</think>\nno"
+        )
+        self.inner.reply = lambda _p: text
+        return await self.inner.generate(prompt_ids, params, multimodal)
+
+    generate_ids = generate
+
+    def update_weights(self, state_dict: Any = None, path: Any = None) -> int:
+        if state_dict is not None:
+            self.synced.append({k: v.detach().clone() for k, v in state_dict.items()})
+        return self.inner.update_weights(state_dict, path)
+
+
+def test_learning_rate_zero_is_the_same_pass_without_weight_change(
+    model: Path, tmp_path: Path
+) -> None:
+    """The protocol's ttrl_lr0 (mia demo's ttrl.lr=0 -> trainer.policy.optim.lr): the same
+    rollouts, GRPO steps and memory writes as the pass with a learning rate, and the Planner's
+    weights exactly the base model's after every step; with a learning rate they move."""
+    from safetensors.torch import load_file
+
+    from mia.apps.demo_config import load_demo_config, ttrl_overrides
+    from mia.models.tiny import build_tokenizer
+
+    demo = load_demo_config(None, ["ttrl.lr=0"])
+    assert "trainer.policy.optim.lr=0.0" in ttrl_overrides(demo, "supervised")
+    assert "trainer.policy.optim.lr=1e-05" in ttrl_overrides(load_demo_config(None, []), "nogt")
+    base = load_file(str(model / "model.safetensors"))
+    runs = {}
+    for lr in ("0", "1e-3"):
+        gen = SeededPlans(build_tokenizer())
+        (tmp_path / lr).mkdir()
+        with _stream(model, tmp_path / lr, executor_reply) as (args, service, _):
+            args = [a for a in args if not a.startswith("trainer.policy.optim.lr=")]
+            cfg = load_config("default", [*args, f"trainer.policy.optim.lr={lr}"])
+            result = run_ttrl(cfg, generator=gen)
+            memories = sorted((r.question, r.judgement, r.plan) for r in service.store.records())
+        runs[lr] = (result, memories, gen.synced)
+    (r0, mem0, synced0), (r1, mem1, synced1) = runs["0"], runs["1e-3"]
+    assert [r["updated"] for r in r0.rows] == [r["updated"] for r in r1.rows]
+    assert any(r["updated"] for r in r0.rows)  # steps were taken: groups were not all tied
+    assert [r["per_question"] for r in r0.rows] == [r["per_question"] for r in r1.rows]
+    assert mem0 == mem1 and mem0
+    assert len(synced0) == len(synced1) >= 1
+    for state in synced0:
+        shared = sorted(set(state) & set(base))
+        assert shared and len(shared) == len(base)
+        assert all(torch_equal(state[k], base[k]) for k in shared)
+    assert not all(torch_equal(synced1[-1][k], base[k]) for k in base)
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a.to(torch.float32), b.to(torch.float32)))

@@ -1,6 +1,6 @@
 """The FastAPI app on :mod:`mia.http` machinery: the reference's ``GET /search``,
 ``GET /image_search`` and ``GET /web_scrape`` (its envelope), our ``POST /search`` and
-``GET /health``."""
+``GET /health``; one router per tool, composed by :func:`build_app`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query
 from pydantic import ValidationError
 
 from mia.http import ApiError, create_app
@@ -99,7 +99,14 @@ def build_app(
     )
     app = create_app(TITLE, token=token, max_body_bytes=max_body_bytes, health=service.health)
     app.state.service = service
+    _close_on_shutdown(app, service)
+    for router in (search_routes(service), image_search_routes(service), scrape_routes(service)):
+        app.include_router(router)
+    return app
 
+
+def _close_on_shutdown(app: FastAPI, service: SearchService) -> None:
+    """Wrap the app's lifespan so that shutdown closes the service's clients and its cache."""
     inner_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
@@ -112,14 +119,22 @@ def build_app(
 
     app.router.lifespan_context = lifespan
 
-    @contextlib.asynccontextmanager
-    async def upstream_errors() -> AsyncIterator[None]:
-        try:
-            yield
-        except UpstreamError as err:
-            raise ApiError(err.status, err.message, err.code) from None
 
-    @app.get(
+@contextlib.asynccontextmanager
+async def _upstream_errors() -> AsyncIterator[None]:
+    """An upstream failure (engine, page) as the API error of its status and code."""
+    try:
+        yield
+    except UpstreamError as err:
+        raise ApiError(err.status, err.message, err.code) from None
+
+
+def search_routes(service: SearchService) -> APIRouter:
+    """``GET /search`` (the reference's envelope, one query or several) and ``POST /search``
+    (our typed request and response)."""
+    router = APIRouter()
+
+    @router.get(
         "/search",
         response_model=Envelope[SearchToolResult],
         response_model_exclude_none=True,
@@ -136,7 +151,7 @@ def build_app(
         except ValidationError as err:
             raise ApiError(422, _validation_message(err, {"queries": "q"})) from None
         started = time.perf_counter()
-        async with upstream_errors():
+        async with _upstream_errors():
             per_query = await service.search(
                 request.queries, request.max_results, request.engine, cached_only=deterministic
             )
@@ -148,13 +163,20 @@ def build_app(
         )
         return _envelope("search", result, all(e.cached for e in per_query))
 
-    @app.post("/search", response_model=SearchResponse, response_model_exclude_none=True)
+    @router.post("/search", response_model=SearchResponse, response_model_exclude_none=True)
     async def search_post(request: SearchRequest) -> SearchResponse:
-        async with upstream_errors():
+        async with _upstream_errors():
             per_query = await service.search(request.queries, request.max_results, request.engine)
         return SearchResponse.build(per_query)
 
-    @app.get(
+    return router
+
+
+def image_search_routes(service: SearchService) -> APIRouter:
+    """``GET /image_search``: images for one query, in the reference's envelope."""
+    router = APIRouter()
+
+    @router.get(
         "/image_search",
         response_model=Envelope[ImageSearchResult],
         response_model_exclude_none=True,
@@ -172,13 +194,20 @@ def build_app(
             raise ApiError(422, f"q: {err}") from None
         if not 1 <= max_results <= MAX_RESULTS_LIMIT:
             raise ApiError(422, f"max_results: must be in 1..{MAX_RESULTS_LIMIT}")
-        async with upstream_errors():
+        async with _upstream_errors():
             result, cached = await service.image_search(
                 q, max_results, _engine(engine), cached_only=deterministic
             )
         return _envelope("image_search", result, cached)
 
-    @app.get(
+    return router
+
+
+def scrape_routes(service: SearchService) -> APIRouter:
+    """``GET /web_scrape``: a page's main content, in the reference's envelope."""
+    router = APIRouter()
+
+    @router.get(
         "/web_scrape",
         response_model=Envelope[ScrapeResult],
         response_model_exclude_none=True,
@@ -195,8 +224,8 @@ def build_app(
             raise ApiError(422, str(err)) from None
         if goal is not None and len(goal) > MAX_GOAL_CHARS:
             raise ApiError(422, f"goal has {len(goal)} characters (max {MAX_GOAL_CHARS})")
-        async with upstream_errors():
+        async with _upstream_errors():
             result, cached = await service.scrape(url, goal, cached_only=deterministic)
         return _envelope("web_scrape", result, cached)
 
-    return app
+    return router

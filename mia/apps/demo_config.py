@@ -25,8 +25,28 @@ ROLES = ("executor", "planner", "manager")
 class WorldChoice:
     """The synthetic world the demo evaluates on."""
 
-    seed: int = option(1, "world seed (1: no role trains on it; training uses worlds 2-8)")
+    seed: int = option(
+        20999,
+        "world seed: 20999, a test-range world (configs/world/seeds.yaml) that no role trains "
+        "or was chosen on and that no claim uses (docs/protocol.md); the shipped roles were "
+        "trained on legacy worlds 2-8",
+    )
     size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
+
+
+@dataclass
+class StreamChoice:
+    """Which test questions the demo asks, in which order (before ``eval.offset`` and
+    ``eval.limit``)."""
+
+    questions: str = option(
+        "protocol",
+        "protocol = the protocol's stream (docs/protocol.md): the test split's convention "
+        "questions and its first `standard` standard text questions (single_hop, bridge, "
+        "comparison), in file order | file = every test question of eval.modality, in file "
+        "order (the development bench's stream on world 1)",
+    )
+    standard: int = option(24, "questions=protocol: how many standard questions it keeps")
 
 
 @dataclass
@@ -71,6 +91,12 @@ class TTRLChoice:
     )
     batch_size: int = option(4, "questions per batch: one Planner GRPO step each")
     n: int = option(2, "plans per question (the GRPO group)")
+    lr: float = option(
+        1.0e-5,
+        "the Planner's learning rate in every pass (trainer.policy.optim.lr); 0 = the same "
+        "pass (answer rule, rollouts, memory writes) with the Planner's weights never changed: "
+        "the protocol's ttrl_lr0 control",
+    )
     nogt_alone_samples: int = option(
         3,
         "nogt with vote, when eval.memory.plan_without_failure is false: the Executor answers "
@@ -83,14 +109,13 @@ class TTRLChoice:
             "episode.plan_max_tokens=160",
             "episode.decision_max_tokens=32",
             "episode.replan_max_tokens=128",
-            "trainer.policy.optim.lr=1.0e-5",
             "trainer.save_freq=-1",
             "trainer.sampling.temperature=1.3",
             "trainer.policy.loss.temperature=1.3",
             "memory.evaluate=false",
             "reward.evidence_weight=0.1",
         ],
-        "more configs/ttrl keys for every pass: reply caps, learning rate, no checkpoint "
+        "more configs/ttrl keys for every pass: reply caps, no checkpoint "
         "(save_freq -1: the adapted Planner is not kept), plans sampled and the loss computed "
         "at temperature 1.3, no /batch_evaluate selection-rule files, evidence credit for a "
         "wrong plan whose searches read the answer's passage (docs/demo.md, 'The TTRL pass')",
@@ -104,6 +129,7 @@ class DemoConfig:
     values are in configs/demo/default.yaml; ``mia demo --cfg`` prints the composed config."""
 
     world: WorldChoice = section(WorldChoice, "the synthetic world")
+    stream: StreamChoice = section(StreamChoice, "which test questions, in which order")
     eval: EvalConfig = section(
         EvalConfig,
         "the evaluation, mia eval's schema (mia.eval.config.EvalConfig): limit (questions per "
@@ -154,6 +180,10 @@ class DemoConfig:
             raise MiaError("demo config: world.seed must be >= 0")
         if self.world.size not in ("small", "default", "large"):
             raise MiaError("demo config: world.size must be small, default or large")
+        if self.stream.questions not in ("protocol", "file") or self.stream.standard < 0:
+            raise MiaError(
+                "demo config: stream.questions must be protocol or file, stream.standard >= 0"
+            )
         if self.eval.dataset is not None or self.eval.services.index is not None:
             raise MiaError(
                 "demo config: eval.dataset and eval.services.index are the world's (set world.*)"
@@ -191,6 +221,8 @@ class DemoConfig:
             raise MiaError("demo config: ttrl.nogt_method must be vote or panel")
         if t.batch_size < 1 or t.n < 1:
             raise MiaError("demo config: ttrl.batch_size and ttrl.n must be >= 1")
+        if t.lr < 0:
+            raise MiaError("demo config: ttrl.lr must be >= 0")
         if not t.enabled:
             return
         # Composed now, so a bad ttrl.overrides entry fails before the policies run.
@@ -242,5 +274,6 @@ def ttrl_overrides(cfg: DemoConfig, mode: str) -> list[str]:
             if gated and mode == "nogt" and cfg.ttrl.nogt_method == "vote"
             else []
         ),
+        f"trainer.policy.optim.lr={cfg.ttrl.lr}",
         *cfg.ttrl.overrides,
     ]

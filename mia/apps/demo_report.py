@@ -1,10 +1,11 @@
 """What ``mia demo`` reports: the TTRL pass as a table row, every policy's per-question outcomes
-and question groups for the comparison table, and the printed report."""
+and question groups for the comparison table, how many templates memory could act on, and the
+printed report."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,42 @@ def question_groups(world: Path) -> dict[str, str]:
     return groups
 
 
+# Memory can act on a question only after a question of its template failed; the demo says it
+# cannot show memory at work when fewer templates than this give it that chance.
+MEMORY_MIN_TEMPLATES = 2
+BENCH_COMMAND = "python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml"
+
+
+def memory_chances(
+    items: list[Any],
+    templates: Mapping[str, str],
+    outcomes: Mapping[str, Mapping[str, float]],
+    policies: list[str],
+) -> dict[str, Any]:
+    """How many templates give memory a chance to act: those in which a question that the
+    first memory-writing policy of the run (``mia`` in the demo) answered wrongly comes before
+    another question of the same template, in the order asked. No memory-writing policy: 0."""
+    from mia.eval.policies import spec
+
+    writer = next((p for p in policies if spec(p).writes and p in outcomes), None)
+    failed: set[str] = set()
+    chances: set[str] = set()
+    for it in items if writer else []:
+        template = templates.get(it.id, "")
+        if not template:
+            continue
+        if template in failed:
+            chances.add(template)
+        if not outcomes[writer].get(it.id):
+            failed.add(template)
+    return {
+        "policy": writer,
+        "templates": sorted(chances),
+        "needed": MEMORY_MIN_TEMPLATES,
+        "shown": len(chances) >= MEMORY_MIN_TEMPLATES,
+    }
+
+
 def print_report(
     result: Any,
     summaries: list[dict[str, Any]],
@@ -94,9 +131,14 @@ def print_report(
     ttrl_results: dict[str, Any],
     elapsed: float,
     raw_embedded_executor: bool,
+    by_kind: Sequence[Mapping[str, Any]] = (),
+    chances: Mapping[str, Any] | None = None,
+    baseline: str = "none",
 ) -> None:
-    """The comparison table, each TTRL pass's per-batch curve and GRPO line, and where the
-    results are."""
+    """The comparison table (overall, then per kind), each TTRL pass's per-batch curve and
+    GRPO line, the line saying when memory had too few chances to act, and where the results
+    are."""
+    from mia.eval.protocol_stats import format_scope_table
     from mia.eval.stats import format_comparison
 
     extra = {
@@ -108,9 +150,13 @@ def print_report(
         for s in summaries
     }
     print()
-    print("Accuracy (exact match) with 95% bootstrap intervals; 'vs none' is the paired")
-    print("difference in points over the same questions (an interval above 0 is beyond noise):")
-    print(format_comparison(rows, extra))
+    print("Accuracy (exact match) with 95% bootstrap intervals clustered by question template")
+    print("(questions of one template resampled together); 'vs none' is the paired difference")
+    print("in points over the same questions (an interval above 0 is beyond noise):")
+    print(format_comparison([{k: v for k, v in r.items() if k != "groups"} for r in rows], extra))
+    for table in by_kind:
+        print()
+        print(format_scope_table(table, against=(baseline,), clusters="templates"))
     grpo = {s["policy"]: s["grpo"] for s in summaries if "grpo" in s}  # ttrl_summary's report
     for name, res in ttrl_results.items():
         from ttrl import format_curve
@@ -120,6 +166,13 @@ def print_report(
         print(f"{name} accuracy per batch (each batch judged before the Planner learns from it):")
         print(format_curve(res.rows))
         print(format_steps(grpo[name]))
+    if chances is not None and not chances["shown"]:
+        print()
+        print(
+            f"note: {rows[0]['n'] if rows else 0} questions cannot show memory at work "
+            f"({len(chances['templates'])} template(s) where a failure precedes a question of "
+            f"the same template, {chances['needed']} needed); {BENCH_COMMAND} measures it"
+        )
     print()
     _print_paths(result, ttrl_results)
     print(f"done in {elapsed:.0f}s")

@@ -23,41 +23,66 @@ index, and never paraphrases a tool result:
     from mia.apps.gold import build_gold, write_gold, load_gold
     examples = build_gold(world, "indexes/w0-bm25", split="train", image_cache_root="w0/image_cache")
     write_gold("gold.jsonl", examples)
+
+This module holds the phrase tables and the programs (:class:`GoldWriter`); the records and their
+files are :mod:`mia.apps.gold_records`, the turns' text and the reading of observations
+:mod:`mia.apps.gold_text`, the replay :mod:`mia.apps.gold_replay`. Their names are importable
+from here too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import json
 import os
 import re
-import tempfile
-import zlib
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import ExitStack
-from copy import deepcopy
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mia.data.world_questions import BRIDGES, QUESTION_TYPES, Facts, contains
+from mia.apps.gold_records import (  # noqa: F401  (re-exported: they used to live here)
+    GoldExample,
+    GoldReport,
+    GoldSkip,
+    Message,
+    Skipped,
+    dumps_gold,
+    iter_gold,
+    load_gold,
+    write_gold,
+)
+from mia.apps.gold_replay import (  # noqa: F401  (as above)
+    Program,
+    corpus_sha256,
+    gets_plan,
+    replay_gold,
+    validate_replay,
+)
+from mia.apps.gold_text import (  # noqa: F401  (as above)
+    answer_turn,
+    cap,
+    drawn_query_words,
+    evidence,
+    has_any,
+    image_search_turn,
+    passage_text,
+    pick,
+    search_turn,
+    top_image_title,
+)
+
+# QUESTION_TYPES is not used here (GoldReport moved) but stays in this namespace: the warm-start
+# data key hashes this module's upper-case names, imported ones included
+# (mia.apps.warm_start.data_fingerprint), and the shipped adapters' keys pin that set.
+from mia.data.world_questions import BRIDGES, QUESTION_TYPES, Facts  # noqa: F401
 from mia.errors import MiaError
-from mia.paths import atomic_write_text
 from mia.prompts import planner as planner_text
 from mia.prompts.planner import EMPTY_MEMORY, plan_messages
-from mia.trace import content_text
 
 if TYPE_CHECKING:
     from local_search import Retriever
-    from mia.agent import AgentConfig, Trajectory
+    from mia.agent import AgentConfig
     from mia.data.world import Question, World
     from mia.data.world_entities import Entity
     from mia.data.world_lexicon import Lexicon
-
-Message = dict[str, Any]
-Program = Generator[str, str, None]  # yields assistant turns, receives observation texts
 
 SPLITS = ("train", "test", "all")
 # How much the Executor's <think> says (docs/gold.md, "Styles"):
@@ -201,92 +226,8 @@ COMPARE_QUERY_WORDS = {
 }
 
 
-class GoldSkip(Exception):
-    """A question without a valid gold transcript; the message is the reason."""
-
-
-@dataclass
-class GoldExample:
-    """One question's gold data. ``messages``: the Executor conversation exactly as the loop
-    produced it (OpenAI format, images as data URLs); ``planner_messages``: ``[system, user(plan
-    prompt), assistant(plan)]``; ``reflection_messages``: that chat continued with the judge
-    prompt over the gold trace and the decision ``no``."""
-
-    id: str
-    type: str
-    relation: str
-    split: str
-    question: str
-    answer: str
-    plan: str
-    messages: list[Message]
-    planner_messages: list[Message]
-    reflection_messages: list[Message]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "gold example") -> GoldExample:
-        if not isinstance(data, dict):
-            raise MiaError(f"{where}: expected a JSON object")
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise MiaError(f"{where}: missing field(s) {missing}")
-        for n in names:
-            want = list if n.endswith("messages") else str
-            if not isinstance(data[n], want):
-                raise MiaError(f"{where}: field {n!r} must be a {want.__name__}")
-        return cls(**{n: data[n] for n in names})
-
-
-@dataclass
-class Skipped:
-    id: str
-    type: str
-    relation: str
-    reason: str
-
-
-@dataclass
-class GoldReport:
-    """Everything a run produced: the examples, the skipped questions with reasons, totals."""
-
-    examples: list[GoldExample] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    # How many chosen queries were the first variant (0), the second (1), ... (incl. skipped).
-    variant_use: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return len(self.examples) + len(self.skipped)
-
-    @property
-    def coverage(self) -> float:
-        """Share of questions with a valid gold transcript (1.0 for no questions)."""
-        return len(self.examples) / self.total if self.total else 1.0
-
-    def by_type(self) -> dict[str, tuple[int, int]]:
-        """``{type: (with gold, total)}`` in the world's type order."""
-        ok = Counter(e.type for e in self.examples)
-        total = ok + Counter(s.type for s in self.skipped)
-        return {t: (ok[t], total[t]) for t in QUESTION_TYPES if total[t]}
-
-    def summary(self) -> str:
-        parts = [f"{t} {a}/{n}" for t, (a, n) in self.by_type().items()]
-        head = f"coverage {len(self.examples)}/{self.total} ({100 * self.coverage:.1f}%)"
-        return head + (f": {', '.join(parts)}" if parts else "")
-
-
 # --------------------------------------------------------------------------------------------
 # wording helpers
-
-
-def _pick(key: str, options: Sequence[str]) -> str:
-    """A deterministic choice among phrasings (so SFT does not see one sentence a thousand
-    times), stable across runs and Python versions."""
-    return options[zlib.crc32(key.encode("utf-8")) % len(options)]
 
 
 def _rel(ent: Entity, rel: str, table: dict[str, str], work: dict[str, dict[str, str]]) -> str:
@@ -314,122 +255,9 @@ def query_words(ent: Entity, rel: str, lexicon: Lexicon | None = None) -> str:
     return drawn_query_words(lexicon, ent, rel)
 
 
-def drawn_query_words(lexicon: Lexicon, ent: Entity, rel: str) -> str:
-    """The words of the drawn passage sentence that states ``ent``'s ``rel``
-    (:mod:`mia.data.world_styles`: the lexicon's style and phrasing of that fact, its nouns), so
-    BM25 ranks the passage for the sentence, not only for the name. The words live here, not in
-    a module table: the warm start's data key hashes this module's upper-case tables
-    (:func:`mia.apps.warm_start.data_fingerprint`), and the shipped adapters' legacy gold does
-    not depend on these."""
-    from mia.data.world_styles import fact_words
-
-    narrative = lexicon.style == "narrative"
-    variant = lexicon.phrasing.get
-    if ent.kind == "person":  # one sentence holds the birth, the place, the job (and death)
-        if rel == "university":
-            return fact_words(lexicon, "person.university")
-        if rel == "death_year" and (narrative or variant("person.birth", 0)):
-            return "died"  # the encyclopedia's first phrasing dates it: "(born – died)"
-        return fact_words(lexicon, "person.birth")
-    if ent.kind == "org":
-        return fact_words(lexicon, "org.hq" if rel in ("hq", "hq_country") else "org.founder")
-    if ent.kind == "work":
-        wtype = ent.attrs["wtype"]
-        if rel == "creator":
-            verbs = {"novel": "wrote", "film": "directed", "album": "recorded"}
-            return f"{wtype} {verbs[wtype] if narrative else 'by'}"
-        if rel == "year":
-            if not narrative and not variant("work.creator", 0):
-                return wtype  # "X is a 1983 crime novel by Y."
-            novel = "appeared" if narrative else "published"
-            return f"{wtype} {novel if wtype == 'novel' else 'released'}"
-        words = {  # per phrasing of the producer's sentence
-            "novel": ("published", "publisher"),
-            "film": ("produced", "studio produced"),
-            "album": ("label", "issued record"),
-        }
-        return f"{wtype} {words[wtype][variant('work.producer', 0)]}"
-    if ent.kind == "city":
-        if rel == "region":
-            return lexicon.nouns["region"]  # "X is a town in the Y county of Z."
-        if rel == "country":
-            return lexicon.nouns["city"]
-        if rel == "population":  # "... has a population of N." / "... is home to N people."
-            return ("population", "home people")[variant("city.founded", 0)]
-        return fact_words(lexicon, f"city.{rel}")  # founded, river
-    if ent.kind == "region":
-        return fact_words(lexicon, "region.seat") if rel == "seat" else lexicon.nouns["region"]
-    if rel == "capital":
-        return fact_words(lexicon, "country.capital")
-    # one sentence: "The official language is L, and the currency is the C." / "People there
-    # speak L officially and pay in the C."
-    words = {"language": ("official language", "speak officially"), "currency": ("currency", "pay")}
-    return words[rel][variant("country.language", 0)]
-
-
 def fact_phrase(ent: Entity, rel: str, x: str | None = None, lexicon: Lexicon | None = None) -> str:
     """``the <fact> of <x>`` (``x`` defaults to the entity's name), in ``lexicon``'s nouns."""
     return worded(_rel(ent, rel, FACT_PHRASES, WORK_FACT_PHRASES), lexicon).format(x=x or ent.name)
-
-
-def _cap(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
-def _think(text: str) -> str:
-    return f"<think>\n{text}\n</think>\n"
-
-
-def search_turn(think: str, queries: list[str]) -> str:
-    call = {"name": "search", "arguments": {"query_list": queries}}
-    return _think(think) + f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
-
-
-def image_search_turn(think: str) -> str:
-    call = {"name": "web_image_to_image_search", "arguments": {"img_idx": "0"}}
-    return _think(think) + f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
-
-
-def answer_turn(think: str, answer: str) -> str:
-    return _think(think) + f"<answer>{answer}</answer>"
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def passage_text(observation: str, title: str) -> str | None:
-    """The text of the first passage titled ``title`` in a search observation (the
-    ``Doc k(Title: ...) text`` lines of :func:`mia.agent.tools.format_passages`)."""
-    marker = f"(Title: {title}) "
-    for line in observation.split("\n"):
-        if line.startswith("Doc ") and marker in line:
-            return line.split(marker, 1)[1]
-    return None
-
-
-def _has_any(text: str, needles: Sequence[str]) -> bool:
-    return any(contains(text, n) for n in needles)
-
-
-def evidence(observation: str, title: str, needles: Sequence[str]) -> str | None:
-    """The first sentence of the passage titled ``title`` in ``observation`` that contains one of
-    ``needles`` as a whole phrase, or None."""
-    text = passage_text(observation, title)
-    if text is None:
-        return None
-    for sentence in _SENTENCE_END.split(text):
-        if _has_any(sentence, needles):
-            return sentence.strip()
-    return None
-
-
-_IMAGE_HIT = re.compile(r"^1\. title: (.+?)(?: <image>| \(image unavailable\))?$", re.M)
-
-
-def top_image_title(observation: str) -> str | None:
-    """The title of the first image-search hit (``1. title: <title> <image>``)."""
-    m = _IMAGE_HIT.search(observation)
-    return m.group(1).strip() if m else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,7 +298,7 @@ class GoldWriter:
             return self._chosen[key]
         for k, query in enumerate(tried):
             hits = self.retriever.search([query], self.topk)[0]
-            if any(str(h.id) == pid and _has_any(h.contents, needles) for h in hits):
+            if any(str(h.id) == pid and has_any(h.contents, needles) for h in hits):
                 self.variant_use[k] += 1
                 self._chosen[key] = query
                 return query
@@ -527,7 +355,7 @@ class GoldWriter:
         fact = self.fact(ent, rel)
         query = self.first_query(q)
         if self.style == "full":
-            opener = _pick(
+            opener = pick(
                 q.id + ":open",
                 [
                     f"The question asks for {fact}. I will search for {ent.name}.",
@@ -548,7 +376,7 @@ class GoldWriter:
             return f'The passage on {title} says: "{quote}" So {conclusion}'
         if self.style == "concise":
             return f'"{quote}" So {conclusion}'
-        return _cap(conclusion)
+        return cap(conclusion)
 
     def bridge_parts(self, q: Question) -> tuple[Entity, str, Entity, str, str]:
         """``(subject, first relation, bridge entity, second relation, mention)`` where the
@@ -622,7 +450,7 @@ class GoldWriter:
         relation, verb, _ = COMPARE_VERDICT[kind]
         verdict = relation.format(a=values[winner.id], b=values[loser.id])
         yield answer_turn(
-            " ".join(lines) + f" {_cap(verdict)}, so {winner.name} {verb}.", winner.name
+            " ".join(lines) + f" {cap(verdict)}, so {winner.name} {verb}.", winner.name
         )
 
     def _image(self, q: Question) -> Program:
@@ -714,6 +542,19 @@ class GoldWriter:
             }[q.type]
         return f"<think>\nNo memories of similar questions were found; {why}.\n</think>\n\n{plan}"
 
+    def planner_chats(
+        self, q: Question, plan: str, trace: str
+    ) -> tuple[list[Message], list[Message]]:
+        """The plan chat of ``q`` (:func:`planner_messages`) and the reflection chat that
+        continues it with the judge prompt over the Executor's ``trace`` and decides ``no``."""
+        planner = planner_messages(q.question, self.planner_reply(q, plan), image=q.type == "image")
+        reflection = [
+            *planner,
+            {"role": "user", "content": planner_text.judge_prompt(trace)},
+            {"role": "assistant", "content": REFLECTION_DECISION},
+        ]
+        return planner, reflection
+
 
 REFLECTION_DECISION = (
     "<think>\nEvery step of the plan was carried out, and the answer is quoted from a retrieved "
@@ -734,70 +575,7 @@ def planner_messages(question: str, reply: str, *, image: bool) -> list[Message]
 
 
 # --------------------------------------------------------------------------------------------
-# replay through the real loop
-
-
-class _Script:
-    """``ScriptedChat`` reply function driving a program: the first call starts it, every later
-    call sends it the text of the last message (the observation)."""
-
-    def __init__(self, program: Program) -> None:
-        self.program = program
-        self.started = False
-
-    def __call__(self, messages: list[Message]) -> str:
-        if not self.started:
-            self.started = True
-            return next(self.program)
-        try:
-            return self.program.send(content_text(messages[-1].get("content")))
-        except StopIteration:
-            raise GoldSkip("the loop asked for a turn after the final answer") from None
-
-
-def validate_replay(traj: Trajectory, q: Question) -> None:
-    """Raise :class:`GoldSkip` unless the replay is a clean, correct trajectory."""
-    from mia.agent import check_format
-    from mia.judge.rules import RuleJudge
-
-    if traj.stop_reason != "answer":
-        raise GoldSkip(f"the replay stopped with {traj.stop_reason!r}")
-    bad = [r for r in traj.tool_calls if not (r.ok and r.strict_json and not r.repaired)]
-    if bad or traj.tool_errors:
-        detail = bad[0].error if bad else traj.tool_errors[0]
-        raise GoldSkip(f"a tool call failed in the replay: {detail}")
-    check = check_format(traj.assistant_texts())
-    if not check.ok:
-        raise GoldSkip(f"the replay breaks the format rules: {'; '.join(check.issues)}")
-    verdict = RuleJudge(mode="em").grade_sync(q.question, traj.answer, q.answers)
-    if not verdict.correct:
-        raise GoldSkip(f"the replayed answer {traj.answer!r} is not {q.answer!r}")
-
-
-def _tools_config(cfg: AgentConfig, search_url: str, cache_root: Path | None) -> dict[str, Any]:
-    tools = deepcopy(dict(cfg.tools))
-    search = tools.get("search")
-    if not search or search.get("type") != "search":
-        raise MiaError("gold: the agent config needs a 'search' tool of type search")
-    params = search.setdefault("params", {})
-    if params.get("backend", "local") != "local":
-        raise MiaError("gold: the search tool must use backend: local (the world's index)")
-    params["url"] = search_url
-    params.pop("token", None)
-    image = tools.get("web_image_to_image_search")
-    if image and cache_root is not None:
-        image.setdefault("params", {})["cache_roots"] = [str(cache_root)]
-    return tools
-
-
-def corpus_sha256(world: World) -> str:
-    """The sha256 of the world's ``corpus.jsonl`` as :meth:`World.write` writes it."""
-    h = hashlib.sha256()
-    for p in world.passages:
-        h.update(
-            (json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n").encode()
-        )
-    return h.hexdigest()
+# replay through the real loop (mia.apps.gold_replay)
 
 
 def _questions(world: World, split: str, limit: int | None) -> list[Question]:
@@ -833,8 +611,6 @@ def generate_gold(
     about half the questions get the plan (chosen from the question id, see :func:`gets_plan`).
     ``style``: how much the Executor's reasoning says (:data:`STYLES`).
     """
-    from local_search import open_index
-
     if limit is not None and limit < 0:
         raise MiaError(f"gold: limit must be >= 0, got {limit}")
     if with_plan not in PLAN_MODES:
@@ -842,40 +618,16 @@ def generate_gold(
     if style not in STYLES:
         raise MiaError(f"gold: style must be one of {STYLES}, got {style!r}")
     questions = list(questions) if questions is not None else _questions(world, split, limit)
-    with ExitStack() as stack:
-        if isinstance(index, str | os.PathLike):
-            retriever = open_index(index)
-            stack.callback(retriever.close)
-        else:
-            retriever = index
-        want = corpus_sha256(world)
-        if retriever.manifest.corpus_sha256 != want:
-            raise MiaError(
-                f"gold: the index {retriever.index_dir} was built from another corpus "
-                f"(sha256 {retriever.manifest.corpus_sha256[:12]}..., this world's corpus.jsonl "
-                f"is {want[:12]}...): build it from the world's corpus.jsonl"
-            )
-        cache_root = Path(image_cache_root) if image_cache_root is not None else None
-        if cache_root is None and any(q.type == "image" for q in questions):
-            from mia.data.world_io import _write_cache
-
-            cache_root = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "image_cache"
-            _write_cache(world, cache_root, show=False)
-        elif cache_root is not None and not cache_root.is_dir():
-            raise MiaError(f"gold: image cache folder not found: {cache_root}")
-        return asyncio.run(
-            _replay_all(
-                world, retriever, questions, cache_root, agent_config, with_plan, progress, style
-            )
-        )
-
-
-def gets_plan(question_id: str, with_plan: bool | str) -> bool:
-    """Whether a question's Executor prompt carries the gold plan. ``"alternate"``: a stable
-    function of the id (crc32 parity), so about half of each type get one."""
-    if with_plan == "alternate":
-        return zlib.crc32(question_id.encode("utf-8")) % 2 == 0
-    return bool(with_plan)
+    return replay_gold(
+        world,
+        index,
+        questions,
+        image_cache_root,
+        lambda retriever, topk: GoldWriter(world, retriever, topk, style),
+        agent_config=agent_config,
+        with_plan=with_plan,
+        progress=progress,
+    )
 
 
 def build_gold(
@@ -887,132 +639,6 @@ def build_gold(
 ) -> list[GoldExample]:
     """The gold examples of ``split`` (see :func:`generate_gold`; skipped questions dropped)."""
     return generate_gold(world, index, split, image_cache_root, **kwargs).examples
-
-
-async def _replay_all(
-    world: World,
-    retriever: Retriever,
-    questions: list[Question],
-    cache_root: Path | None,
-    agent_config: AgentConfig | None,
-    with_plan: bool | str,
-    progress: bool | Callable[[int, int], None],
-    style: str = "full",
-) -> GoldReport:
-    from local_search import ServeConfig
-    from local_search.server import create_search_app
-    from mia.agent import AgentConfig, build_tools
-    from mia.http import ServerThread
-
-    cfg = (agent_config or AgentConfig()).validate()
-    topk = int(cfg.tools.get("search", {}).get("params", {}).get("topk", 3))
-    serve = ServeConfig(default_topk=topk, max_topk=max(100, topk))
-    report = GoldReport()
-    writer = GoldWriter(world, retriever, topk, style)
-    with ServerThread(create_search_app(retriever, serve)) as url:
-        cfg = replace(cfg, tools=_tools_config(cfg, url, cache_root))
-        tools = build_tools(cfg.tools)
-        try:
-            for done, q in enumerate(_progress(questions, progress), 1):
-                try:
-                    report.examples.append(
-                        await _replay_one(writer, q, tools, cfg, gets_plan(q.id, with_plan))
-                    )
-                except GoldSkip as why:
-                    report.skipped.append(Skipped(q.id, q.type, q.relation, str(why)))
-                if callable(progress):
-                    progress(done, len(questions))
-        finally:
-            await tools.aclose()
-    report.variant_use = dict(sorted(writer.variant_use.items()))
-    return report
-
-
-def _progress(questions: list[Question], progress: bool | Callable[[int, int], None]) -> Any:
-    if progress is True:
-        from tqdm import tqdm
-
-        return tqdm(questions, desc="gold", unit="q")
-    return questions
-
-
-async def _replay_one(
-    writer: GoldWriter,
-    q: Question,
-    tools: Any,
-    cfg: AgentConfig,
-    with_plan: bool,
-) -> GoldExample:
-    from mia.agent import ChatPolicy, ExecutorLoop
-    from mia.llm.scripted import ScriptedChat
-
-    plan = writer.plan(q)
-    loop = ExecutorLoop(ChatPolicy(ScriptedChat(_Script(writer.program(q)))), tools, cfg)
-    task = {
-        "question": q.question,
-        "images": [q.image_png] if q.image_png else [],
-        "plan": plan if with_plan else None,
-        "data_id": q.id,
-        "image_caption": q.image_caption or None,
-    }
-    traj = await loop.run(task)
-    validate_replay(traj, q)
-    planner = planner_messages(q.question, writer.planner_reply(q, plan), image=q.type == "image")
-    reflection = [
-        *planner,
-        {"role": "user", "content": planner_text.judge_prompt(traj.trace)},
-        {"role": "assistant", "content": REFLECTION_DECISION},
-    ]
-    return GoldExample(
-        id=q.id,
-        type=q.type,
-        relation=q.relation,
-        split=q.split,
-        question=q.question,
-        answer=q.answer,
-        plan=plan,
-        messages=traj.messages,
-        planner_messages=planner,
-        reflection_messages=reflection,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# files
-
-
-def dumps_gold(examples: Sequence[GoldExample]) -> str:
-    return "".join(json.dumps(e.to_dict(), ensure_ascii=False) + "\n" for e in examples)
-
-
-def write_gold(path: str | os.PathLike[str], examples: Sequence[GoldExample]) -> Path:
-    """Write ``examples`` as JSONL (one object per line), atomically."""
-    out = Path(path)
-    if out.is_dir():
-        raise MiaError(f"gold: {out} is a folder, not a file")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, dumps_gold(examples))
-    return out
-
-
-def iter_gold(path: str | os.PathLike[str]) -> Iterator[GoldExample]:
-    p = Path(path)
-    if not p.is_file():
-        raise MiaError(f"gold file not found: {p}")
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise MiaError(f"{p.name} line {lineno}: invalid JSON: {err.msg}") from None
-            yield GoldExample.from_dict(data, f"{p.name} line {lineno}")
-
-
-def load_gold(path: str | os.PathLike[str]) -> list[GoldExample]:
-    """Read a gold JSONL file; a bad line raises :class:`MiaError` naming it."""
-    return list(iter_gold(path))
 
 
 __all__ = [

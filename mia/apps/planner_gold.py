@@ -139,47 +139,18 @@ def planner_memory_examples(
     ``{id, type, relation, question, planner_messages}`` for SFT (``data.fields``). A convention
     question gets ``convention_draws`` conversations (readings and memories drawn anew): it is
     the case where only the memories tell the answer."""
-    rng = random.Random(f"planner-memory:{world.seed}:{seed}")
-    # Its own stream: the other chats are drawn as they were without negatives-only ones.
-    neg_only_rng = random.Random(f"planner-memory-negatives-only:{world.seed}:{seed}")
-    expected_rng = random.Random(f"planner-memory-expected:{world.seed}:{seed}")
+    chats = _MemoryChats(world, seed, positives, distractor_rate)
     questions = [q for q in world.split(split) if q.type in TYPES]
-    meanings = readings(world)
-    # Every question under every reading it can have (conventions: all readings; single hop:
-    # its own fact and one other), replayed for real so each workflow is a true transcript.
-    asked: list[Question] = []
-    for q in questions:
-        if q.type == "convention":
-            rels = meanings.get(q.template, ())
-        elif q.type == "single_hop":
-            ent = world.entities[q.entity_ids[0]]
-            others = [r for r in Facts(world.entities, world.passages).relations(ent)]
-            mine = q.relation.split(".", 1)[1]
-            others = [r for r in others if r != mine]
-            rels = (mine, rng.choice(others)) if others else (mine,)
-        else:
-            asked.append(q)
-            continue
-        for rel in rels:
-            alt = reading(world, q, rel)
-            if alt is not None:
-                asked.append(alt)
     report = generate_gold(
         world,
         retriever,
-        questions=asked,
+        questions=chats.readings_to_replay(questions),
         with_plan=False,
         style=style,
         agent_config=agent_config,
         progress=progress,
     )
-    done = {ex.id: ex for ex in report.examples}
-
-    def transcript(q: Question, rel: str | None) -> GoldExample | None:
-        if rel is None or q.type not in ("single_hop", "convention"):
-            return done.get(q.id)
-        return done.get(f"{q.id}~{rel}")
-
+    chats.done = {ex.id: ex for ex in report.examples}
     by_kind: dict[str, list[Question]] = {}
     for q in questions:
         by_kind.setdefault(kind_of(q), []).append(q)
@@ -190,75 +161,159 @@ def planner_memory_examples(
     ]
     for q, draw in draws:
         peers = [p for p in by_kind[kind_of(q)] if p.id != q.id]
-        rng.shuffle(peers)
-        own = _own(q)
-        if q.type == "convention":
-            rels = [r for r in meanings.get(q.template, ()) if transcript(q, r) is not None]
-            if not rels:
-                continue
-            want = rng.choice(rels)
-        else:
-            want = own
-        target = reading(world, q, want) if want and want != own else q
-        if target is None:
-            continue
-        pos = [m for p in peers if (m := transcript(p, want)) is not None][:positives]
-        used = {ex.id.split("~", 1)[0] for ex in pos}
-        neg: list[GoldExample] = []
-        neg_expected: Question | None = None  # what the failed peer should have answered
-        # A similar question whose Executor read another fact; not one of the positives' own
-        # questions (memory_serve keeps one memory per question).
-        for p in [p for p in peers if p.id not in used] + [p for p in peers if p.id in used]:
+        chats.rng.shuffle(peers)
+        row = chats.chat(q, draw, peers, writer)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+class _MemoryChats:
+    """The plan chats with memories of one world (:func:`planner_memory_examples`): its random
+    streams, the readings of its conventions and, once replayed, every reading's transcript
+    (``done``: by question id, ``<id>~<relation>`` for a reading other than the question's)."""
+
+    def __init__(self, world: World, seed: int, positives: int, distractor_rate: float) -> None:
+        self.world = world
+        self.positives = positives
+        self.distractor_rate = distractor_rate
+        self.rng = random.Random(f"planner-memory:{world.seed}:{seed}")
+        # Its own stream: the other chats are drawn as they were without negatives-only ones.
+        self.neg_only_rng = random.Random(f"planner-memory-negatives-only:{world.seed}:{seed}")
+        self.expected_rng = random.Random(f"planner-memory-expected:{world.seed}:{seed}")
+        self.meanings = readings(world)
+        self.done: dict[str, GoldExample] = {}
+
+    def readings_to_replay(self, questions: list[Question]) -> list[Question]:
+        """Every question under every reading it can have (conventions: all readings; single
+        hop: its own fact and one other), replayed for real so each workflow is a true
+        transcript."""
+        world = self.world
+        asked: list[Question] = []
+        for q in questions:
             if q.type == "convention":
-                others = [r for r in meanings.get(p.template, ()) if r != want]
+                rels = self.meanings.get(q.template, ())
             elif q.type == "single_hop":
-                others = [k.split("~", 1)[1] for k in done if k.startswith(f"{p.id}~")]
-                others = [r for r in others if r != want]
+                ent = world.entities[q.entity_ids[0]]
+                others = [r for r in Facts(world.entities, world.passages).relations(ent)]
+                mine = q.relation.split(".", 1)[1]
+                others = [r for r in others if r != mine]
+                rels = (mine, self.rng.choice(others)) if others else (mine,)
             else:
-                others = []
-            found = [m for r in others if (m := transcript(p, r)) is not None]
-            if found:
-                neg.append(found[0])
-                neg_expected = reading(world, p, want) if want and want != _own(p) else p
-                break
+                asked.append(q)
+                continue
+            for rel in rels:
+                alt = reading(world, q, rel)
+                if alt is not None:
+                    asked.append(alt)
+        return asked
+
+    def transcript(self, q: Question, rel: str | None) -> GoldExample | None:
+        """The replayed transcript of ``q`` read as ``rel`` (its own reading for the types
+        without readings, or ``rel`` None)."""
+        if rel is None or q.type not in ("single_hop", "convention"):
+            return self.done.get(q.id)
+        return self.done.get(f"{q.id}~{rel}")
+
+    def chat(
+        self, q: Question, draw: int, peers: list[Question], writer: GoldWriter
+    ) -> dict[str, Any] | None:
+        """The ``draw``-th plan chat of ``q`` with memories of its ``peers`` (similar
+        questions, shuffled); None when no memory, no plan or only a leaking plan is found."""
+        picked = self._target(q)
+        if picked is None:
+            return None
+        want, target = picked
+        pos = [m for p in peers if (m := self.transcript(p, want)) is not None][: self.positives]
+        neg, neg_expected = self._negative(q, peers, pos, want)
         if not pos and not neg:
-            continue
-        neg_only = bool(pos and neg) and neg_only_rng.random() < NEGATIVES_ONLY_RATE
-        pos_mem = [_memory(ex, True) for ex in pos]
-        if rng.random() < distractor_rate:  # retrieval also returns unrelated memories
-            others = [ex for k, ex in done.items() if "~" not in k and ex.id != q.id]
-            if others:
-                pos_mem.insert(rng.randrange(len(pos_mem) + 1), _memory(rng.choice(others), True))
-        if neg_only:  # only the failure is in memory: plan for the fact it did not read
-            pos, pos_mem = [], []  # after the draws above: the other chats stay the same
-        if expected_rng.random() >= EXPECTED_RATE:
-            neg_expected = None  # a failure as the reference remembers it: no ground truth
-        neg_mem = [_memory(ex, False, neg_expected) for ex in neg]
+            return None
+        pos, pos_mem, neg_mem, neg_expected = self._memories(q, pos, neg, neg_expected)
         try:
             plan = writer.plan(target)
         except GoldSkip:  # no query finds a supporting passage: the gold has no plan for it
-            continue
+            return None
         context = memory_context(pos_mem, neg_mem)
         if leaked_entities(plan, q.question, context):
             # A plan never hands on a remembered entity or expected answer (a Planner's plan
             # that does is dropped): such a chat would teach the opposite, it is left out.
-            continue
-        rows.append(
-            {
-                "id": f"{q.id}#memory{draw}",
-                "type": q.type,
-                "relation": target.relation,
-                "question": q.question,
-                "planner_messages": [
-                    *plan_messages(context, q.question, image=False),
-                    {
-                        "role": "assistant",
-                        "content": _reply(world, target, pos, neg, plan, neg_expected),
-                    },
-                ],
-            }
-        )
-    return rows
+            return None
+        return {
+            "id": f"{q.id}#memory{draw}",
+            "type": q.type,
+            "relation": target.relation,
+            "question": q.question,
+            "planner_messages": [
+                *plan_messages(context, q.question, image=False),
+                {
+                    "role": "assistant",
+                    "content": _reply(self.world, target, pos, neg, plan, neg_expected),
+                },
+            ],
+        }
+
+    def _target(self, q: Question) -> tuple[str | None, Question] | None:
+        """The reading the chat's plan follows (a convention's is drawn among those with a
+        transcript) and ``q`` asked that way; None when there is none."""
+        own = _own(q)
+        if q.type == "convention":
+            rels = [
+                r for r in self.meanings.get(q.template, ()) if self.transcript(q, r) is not None
+            ]
+            if not rels:
+                return None
+            want = self.rng.choice(rels)
+        else:
+            want = own
+        target = reading(self.world, q, want) if want and want != own else q
+        return None if target is None else (want, target)
+
+    def _negative(
+        self, q: Question, peers: list[Question], pos: list[GoldExample], want: str | None
+    ) -> tuple[list[GoldExample], Question | None]:
+        """A failed memory (at most one) and what its question should have answered: a
+        similar question whose Executor read another fact than ``want``."""
+        used = {ex.id.split("~", 1)[0] for ex in pos}
+        # Not one of the positives' own questions first (memory_serve keeps one memory per
+        # question).
+        for p in [p for p in peers if p.id not in used] + [p for p in peers if p.id in used]:
+            if q.type == "convention":
+                others = [r for r in self.meanings.get(p.template, ()) if r != want]
+            elif q.type == "single_hop":
+                others = [k.split("~", 1)[1] for k in self.done if k.startswith(f"{p.id}~")]
+                others = [r for r in others if r != want]
+            else:
+                others = []
+            found = [m for r in others if (m := self.transcript(p, r)) is not None]
+            if found:
+                expected = reading(self.world, p, want) if want and want != _own(p) else p
+                return [found[0]], expected
+        return [], None
+
+    def _memories(
+        self,
+        q: Question,
+        pos: list[GoldExample],
+        neg: list[GoldExample],
+        neg_expected: Question | None,
+    ) -> tuple[list[GoldExample], list[Memory], list[Memory], Question | None]:
+        """The memories shown: the positives, now and then with an unrelated one (as retrieval
+        returns them), or none in a negatives-only chat; the negatives, with the expected
+        answer or without it (as the reference remembers a failure). Returns the positives
+        the reply names, both memory lists and the expected reading shown (or None)."""
+        neg_only = bool(pos and neg) and self.neg_only_rng.random() < NEGATIVES_ONLY_RATE
+        pos_mem = [_memory(ex, True) for ex in pos]
+        if self.rng.random() < self.distractor_rate:  # retrieval also returns unrelated memories
+            others = [ex for k, ex in self.done.items() if "~" not in k and ex.id != q.id]
+            if others:
+                at = self.rng.randrange(len(pos_mem) + 1)
+                pos_mem.insert(at, _memory(self.rng.choice(others), True))
+        if neg_only:  # only the failure is in memory: plan for the fact it did not read
+            pos, pos_mem = [], []  # after the draws above: the other chats stay the same
+        if self.expected_rng.random() >= EXPECTED_RATE:
+            neg_expected = None  # a failure as the reference remembers it: no ground truth
+        neg_mem = [_memory(ex, False, neg_expected) for ex in neg]
+        return pos, pos_mem, neg_mem, neg_expected
 
 
 def _own(q: Question) -> str | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import shutil
 import sys
@@ -32,6 +31,13 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from mia.apps.warm_fingerprints import (  # noqa: F401  (re-exported: they used to live here)
+    MARKER,
+    WARM_DATA_VERSION,
+    base_fingerprint,
+    data_fingerprint,
+)
+from mia.apps.warm_fingerprints import stable_sha as _sha
 from mia.config import add_help_config
 from mia.errors import MiaError
 from mia.models.embedded import file_lock, read_marker
@@ -42,10 +48,7 @@ from mia.rl.sft import SftConfig
 ROLES = ("executor", "planner")
 # The roles whose adapter the package ships (mia/assets): a first run does not train them.
 SHIPPED_ROLES = ("executor", "planner")
-MARKER = "mia-model.json"
 RECIPE = "warm-start-sft"
-# Bump when the way gold data is made changes in a way the fingerprint below cannot see.
-WARM_DATA_VERSION = 2  # 2: gold styles (concise, terse), alternate plans, several worlds
 # Recipe keys that say where a build runs and logs, not what it builds.
 NOT_RECIPE = ("run_dir", "output_dir", "logging", "checkpoint_dir", "resume", "save_freq",
               "keep_last", "export", "export_dtype")  # fmt: skip
@@ -169,101 +172,6 @@ class WarmStartConfig(SftConfig):
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _stable(value: Any) -> str:
-    """JSON fallback that is the same in every process: a function by its source (``str`` of a
-    function holds its memory address, which changed the cache key on every run), a set sorted."""
-    if callable(value):
-        import inspect
-
-        try:
-            return "fn:" + inspect.getsource(value).strip()
-        except (OSError, TypeError):
-            return "fn:" + getattr(value, "__qualname__", type(value).__name__)
-    if isinstance(value, set | frozenset):
-        return json.dumps(sorted(map(_stable_item, value)))
-    return str(value)
-
-
-def _stable_item(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=_stable)
-
-
-def _sha(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=_stable).encode()).hexdigest()
-
-
-# ----------------------------------------------------------------------------- fingerprints
-
-
-def _constants(module: Any, numbers: bool = False) -> dict[str, Any]:
-    """The upper-case text/table constants of a module (prompts, phrase tables); with
-    ``numbers`` also its numeric ones (rates, versions)."""
-    kinds = (str, dict, tuple, list) + ((int, float) if numbers else ())
-    out = {}
-    for name, value in sorted(vars(module).items()):
-        if name.isupper() and isinstance(value, kinds):
-            out[name] = value
-    return out
-
-
-def _planner_text() -> dict[str, Any]:
-    """The Planner's prompt templates, and the chat end tokens its replies are read without.
-    The memory block's layout (``FEEDBACK_KEYS``, ``EMPTY_MEMORY``) is left out: it is built
-    from :mod:`mia.prompts.manager`'s constants, which the key has never covered."""
-    from mia.llm import think
-    from mia.prompts import planner
-
-    layout = ("FEEDBACK_KEYS", "EMPTY_MEMORY")
-    out = {k: v for k, v in _constants(planner).items() if k not in layout}
-    out["_END_TOKENS"] = think._END_TOKENS
-    return dict(sorted(out.items()))
-
-
-def data_fingerprint(planner_memory: bool = False) -> dict[str, Any]:
-    """What the gold data depends on beyond the recipe: the world format, the prompts the agent
-    loop and the Planner render, the gold phrase tables, and :data:`WARM_DATA_VERSION`; with
-    ``planner_memory`` (recipes with ``gold_world.planner_memory``) also the constants of
-    :mod:`mia.apps.planner_gold`, so a change there retrains only the recipes that use it."""
-    from mia.apps import gold
-    from mia.data.world_io import WORLD_FORMAT_VERSION
-    from mia.prompts import executor
-
-    out = {
-        "warm_data_version": WARM_DATA_VERSION,
-        "world_format": WORLD_FORMAT_VERSION,
-        "prompts": _sha([_constants(executor), _planner_text()]),
-        "gold": _sha(_constants(gold)),
-    }
-    if planner_memory:
-        from mia.apps import planner_gold
-
-        out["planner_memory"] = _sha(_constants(planner_gold, numbers=True))
-    return out
-
-
-def base_fingerprint(model_dir: str | Path) -> dict[str, Any]:
-    """The base model's identity: its build marker when it has one (the embedded model: no
-    need to read 260 MB), else the sha256 of every file in the folder."""
-    folder = Path(model_dir)
-    marker = folder / MARKER
-    if marker.is_file():
-        data = json.loads(marker.read_text())
-        data.pop("built_at", None)
-        data.pop("seconds", None)
-        return {"marker": data}
-    files = {}
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and not f.name.startswith("."):
-            h = hashlib.sha256()
-            with f.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    h.update(chunk)
-            files[f.name] = h.hexdigest()
-    if "config.json" not in files:
-        raise MiaError(f"warm start: base model folder has no config.json: {folder}")
-    return {"files": files}
 
 
 # ----------------------------------------------------------------------------- gold data

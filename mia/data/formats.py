@@ -289,110 +289,46 @@ def _question_from_prompt(prompt: Any, where: str) -> str:
     return content
 
 
-def _row_to_item(
-    row: dict[str, Any], i: int, name: str, base_dir: Path, require_answer: bool
-) -> QAItem:
-    where = f"{name} row {i}"
-    row = dict(row)
-    used: set[str] = set()
+class _Row:
+    """One row being read: its fields, where it is (for errors), and which fields were read
+    (the others are passed through as ``QAItem.extra``)."""
 
-    def take(key: str) -> Any:
-        used.add(key)
-        return row.get(key)
+    def __init__(self, row: dict[str, Any], where: str) -> None:
+        self.fields = dict(row)
+        self.where = where
+        self.used: set[str] = set()
 
-    # question
-    if not _missing(row.get("prompt")):
-        question = _question_from_prompt(take("prompt"), where)
-        used.add("question")
-    elif not _missing(row.get("question")):
-        question = take("question")
-        if not isinstance(question, str):
-            raise DataFormatError(f"{where}: field 'question' must be a string")
-    else:
-        raise DataFormatError(f"{where}: field 'question' missing")
-    question = question.strip()
-    if not question:
-        raise DataFormatError(f"{where}: field 'question' is empty")
+    def get(self, key: str) -> Any:
+        return self.fields.get(key)
 
-    # id
-    item_id = None
-    for key in ID_FIELDS:
-        if not _missing(row.get(key)):
-            value = take(key)
-            if isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]
-            if isinstance(value, bool) or not isinstance(value, (str, int)):
-                raise DataFormatError(f"{where}: field '{key}' must be a string or integer")
-            item_id = str(value)
-            break
-    used.update(ID_FIELDS)
-    if item_id is None:
-        item_id = f"{Path(name).stem}_{i}"
+    def take(self, key: str) -> Any:
+        """The field's value, marked as read."""
+        self.used.add(key)
+        return self.fields.get(key)
 
-    # answers
-    extra_info = take("extra_info")
-    if extra_info is None:
-        extra_info = {}
-    if not isinstance(extra_info, dict):
-        raise DataFormatError(f"{where}: field 'extra_info' must be an object")
-    answers: list[str] = []
-    reward_model = take("reward_model")
-    if isinstance(reward_model, dict) and not _missing(reward_model.get("ground_truth")):
-        answers = _answers(reward_model["ground_truth"], where, "reward_model.ground_truth")
-    elif reward_model is not None and not isinstance(reward_model, dict):
-        raise DataFormatError(f"{where}: field 'reward_model' must be an object")
-    for key in ANSWER_FIELDS:
-        if not answers and not _missing(row.get(key)):
-            answers = _answers(row[key], where, key)
-        used.add(key)
-    for alias_source, label in (
-        (row.get("aliases"), "aliases"),
-        (extra_info.get("aliases"), "extra_info.aliases"),
-    ):
-        if alias_source is not None:
-            answers += [a for a in _answers(alias_source, where, label) if a not in answers]
-    used.add("aliases")
-    # Aliases now live in ``answers``; keeping them in extra_info too would duplicate on write.
-    extra_info = {k: v for k, v in extra_info.items() if k != "aliases"}
-    if require_answer and not answers:
-        raise DataFormatError(f"{where}: field 'answer' missing (or reward_model.ground_truth)")
-
-    # images and caption
-    raw_images = take("images")
-    if raw_images is None:
-        raw_images = []
-    elif not isinstance(raw_images, (list, tuple)):
-        raw_images = [raw_images]
-    images = [
-        decode_image(v, f"{where}: 'images[{k}]'", base_dir)
-        for k, v in enumerate(raw_images)
-        if v is not None
-    ]
-    caption = _caption(take("image_caption"), where)
-
-    modality = take("modality")
-    if _missing(modality):
-        modality = "text-image" if (images or caption) else "text-only"
-    elif modality not in MODALITIES:
-        raise DataFormatError(
-            f"{where}: field 'modality' must be one of {list(MODALITIES)}, got {modality!r}"
-        )
-
-    level = take("level")
-    if level is not None:
-        try:
-            level = int(level)
-        except (TypeError, ValueError):
-            raise DataFormatError(f"{where}: field 'level' must be an integer") from None
-
-    def text_field(key: str) -> str:
-        value = take(key)
+    def text(self, key: str) -> str:
+        """An optional string field ("" when absent)."""
+        value = self.take(key)
         if value is None:
             return ""
         if not isinstance(value, str):
-            raise DataFormatError(f"{where}: field '{key}' must be a string")
+            raise DataFormatError(f"{self.where}: field '{key}' must be a string")
         return value
 
+    def rest(self) -> dict[str, Any]:
+        """The fields no step read."""
+        return {k: v for k, v in self.fields.items() if k not in self.used}
+
+
+def _row_to_item(
+    row: dict[str, Any], i: int, name: str, base_dir: Path, require_answer: bool
+) -> QAItem:
+    r = _Row(row, f"{name} row {i}")
+    question = _row_question(r)
+    item_id = _row_id(r, name, i)
+    answers, extra_info = _row_answers(r, require_answer)
+    images, caption, modality = _row_images(r, base_dir)
+    level = _row_level(r)
     return QAItem(
         id=item_id,
         question=question,
@@ -400,12 +336,115 @@ def _row_to_item(
         modality=modality,
         images=images,
         image_caption=caption,
-        data_source=text_field("data_source"),
-        category=text_field("category"),
+        data_source=r.text("data_source"),
+        category=r.text("category"),
         level=level,
         extra_info=extra_info,
-        extra={k: v for k, v in row.items() if k not in used},
+        extra=r.rest(),
     )
+
+
+def _row_question(r: _Row) -> str:
+    """The question: the parquet ``prompt`` (chat messages or a string), else ``question``."""
+    if not _missing(r.get("prompt")):
+        question = _question_from_prompt(r.take("prompt"), r.where)
+        r.used.add("question")
+    elif not _missing(r.get("question")):
+        question = r.take("question")
+        if not isinstance(question, str):
+            raise DataFormatError(f"{r.where}: field 'question' must be a string")
+    else:
+        raise DataFormatError(f"{r.where}: field 'question' missing")
+    question = question.strip()
+    if not question:
+        raise DataFormatError(f"{r.where}: field 'question' is empty")
+    return question
+
+
+def _row_id(r: _Row, name: str, i: int) -> str:
+    """The first of :data:`ID_FIELDS` given (a one-item list is its item), else
+    ``<file stem>_<row>``."""
+    item_id = None
+    for key in ID_FIELDS:
+        if not _missing(r.get(key)):
+            value = r.take(key)
+            if isinstance(value, (list, tuple)) and len(value) == 1:
+                value = value[0]
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                raise DataFormatError(f"{r.where}: field '{key}' must be a string or integer")
+            item_id = str(value)
+            break
+    r.used.update(ID_FIELDS)
+    if item_id is None:
+        item_id = f"{Path(name).stem}_{i}"
+    return item_id
+
+
+def _row_answers(r: _Row, require_answer: bool) -> tuple[list[str], dict[str, Any]]:
+    """The answers (the parquet ``reward_model.ground_truth``, else the first of
+    :data:`ANSWER_FIELDS`, then the aliases) and ``extra_info`` without its aliases."""
+    where = r.where
+    extra_info = r.take("extra_info")
+    if extra_info is None:
+        extra_info = {}
+    if not isinstance(extra_info, dict):
+        raise DataFormatError(f"{where}: field 'extra_info' must be an object")
+    answers: list[str] = []
+    reward_model = r.take("reward_model")
+    if isinstance(reward_model, dict) and not _missing(reward_model.get("ground_truth")):
+        answers = _answers(reward_model["ground_truth"], where, "reward_model.ground_truth")
+    elif reward_model is not None and not isinstance(reward_model, dict):
+        raise DataFormatError(f"{where}: field 'reward_model' must be an object")
+    for key in ANSWER_FIELDS:
+        if not answers and not _missing(r.get(key)):
+            answers = _answers(r.get(key), where, key)
+        r.used.add(key)
+    for alias_source, label in (
+        (r.get("aliases"), "aliases"),
+        (extra_info.get("aliases"), "extra_info.aliases"),
+    ):
+        if alias_source is not None:
+            answers += [a for a in _answers(alias_source, where, label) if a not in answers]
+    r.used.add("aliases")
+    # Aliases now live in ``answers``; keeping them in extra_info too would duplicate on write.
+    extra_info = {k: v for k, v in extra_info.items() if k != "aliases"}
+    if require_answer and not answers:
+        raise DataFormatError(f"{where}: field 'answer' missing (or reward_model.ground_truth)")
+    return answers, extra_info
+
+
+def _row_images(r: _Row, base_dir: Path) -> tuple[list[bytes], str, str]:
+    """The decoded ``images``, the ``image_caption`` and the ``modality`` (given, else
+    text-image when the row has an image or a caption)."""
+    raw_images = r.take("images")
+    if raw_images is None:
+        raw_images = []
+    elif not isinstance(raw_images, (list, tuple)):
+        raw_images = [raw_images]
+    images = [
+        decode_image(v, f"{r.where}: 'images[{k}]'", base_dir)
+        for k, v in enumerate(raw_images)
+        if v is not None
+    ]
+    caption = _caption(r.take("image_caption"), r.where)
+    modality = r.take("modality")
+    if _missing(modality):
+        modality = "text-image" if (images or caption) else "text-only"
+    elif modality not in MODALITIES:
+        raise DataFormatError(
+            f"{r.where}: field 'modality' must be one of {list(MODALITIES)}, got {modality!r}"
+        )
+    return images, caption, modality
+
+
+def _row_level(r: _Row) -> int | None:
+    level = r.take("level")
+    if level is not None:
+        try:
+            level = int(level)
+        except (TypeError, ValueError):
+            raise DataFormatError(f"{r.where}: field 'level' must be an integer") from None
+    return level
 
 
 def _detect_format(path: Path) -> str:

@@ -24,15 +24,15 @@ from mia.errors import MiaError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mia eval",
-        description="Evaluate memory policies (none, plan_only, mia, rag and the memory baselines "
-        "mem0, amem, expel, memento, reasoningbank) on a QA dataset: "
+        description="Evaluate memory policies (none, plan_only, mia, rag, feedback and the memory "
+        "baselines mem0, amem, expel, memento, reasoningbank) on a QA dataset: "
         "plan -> execute -> reflect/replan -> judge -> memory write, per question. Trailing "
         "key=value arguments override configs/eval/default.yaml.",
     )
     p.add_argument("--data", help="QA file (.jsonl/.json/.parquet), e.g. a world's test.jsonl")
     p.add_argument(
         "--policy",
-        help="comma list of none, plan_only, mia, rag, mem0, amem, expel, memento, "
+        help="comma list of none, plan_only, mia, rag, feedback, mem0, amem, expel, memento, "
         "reasoningbank (default: mia)",
     )
     p.add_argument("--order", choices=("online", "batched"), help="memory write order")

@@ -21,6 +21,7 @@ from mia.paths import config_dir
 CONFIG_DIR = config_dir("eval")
 ORDERS = ("online", "batched")
 MODALITIES = ("all", "text-only", "text-image")
+EXPECTED_ANSWERS = ("right", "wrong")
 
 
 @dataclass
@@ -59,6 +60,32 @@ class MemoryOptions:
         "sentence of a search result the Executor read that held it (mia.trace.answer_evidence), "
         "shown to the Planner under the failure; false = the reference's memory, which keeps no "
         "ground truth",
+    )
+    expected_answers: str = option(
+        "right",
+        "with remember_expected: right = a failed question's memory keeps its own expected "
+        "answer | wrong = a wrong one of the same kind instead: another question's answer of "
+        "the same relation (another entity's value), drawn from the dataset with a fixed seed "
+        "per question (mia.eval.templates.wrong_answers; a question with no such answer "
+        "remembers none) -- a control: does the Planner read the answer or the workflow?",
+    )
+    ground_truth: bool = option(
+        True,
+        "true = a memory is labelled correct or incorrect by the judge, against the gold "
+        "answers | false = labelled without ground truth (the majority vote's no-GT rule, "
+        "nogt_samples) and with no expected answer, whatever remember_expected says: what a "
+        "user without gold answers has. The reported accuracy is the judge's either way",
+    )
+    nogt_samples: int = option(
+        3,
+        "ground_truth=false: answers per question behind its memory's label: the question's "
+        "own answer and nogt_samples - 1 more Executor runs with the same guide, sampled at "
+        "nogt_temperature; the memory is correct when every answer agrees (SQuAD-normalised), "
+        "as TTRL's no-GT gate remembers a question whose answers disagree as a failure "
+        "(docs/ttrl.md); >= 2 (a lone answer always agrees with itself)",
+    )
+    nogt_temperature: float = option(
+        0.8, "ground_truth=false: the Executor's sampling temperature for the extra answers"
     )
     clear_on_start: bool = option(
         True,
@@ -114,8 +141,8 @@ class EvalConfig:
     modality: str = option("all", "all | text-only | text-image")
     policies: list[str] = option(
         ["mia"],
-        "none | plan_only | mia | rag | mem0 | amem | expel | memento | reasoningbank, run one "
-        "after another (or --policy)",
+        "none | plan_only | mia | rag | feedback | mem0 | amem | expel | memento | "
+        "reasoningbank, run one after another (or --policy)",
     )
     order: str = option(
         "online",
@@ -157,6 +184,20 @@ class EvalConfig:
             (self.workers >= 1, "workers must be >= 1"),
             (self.memory.top_k is None or self.memory.top_k >= 0, "memory.top_k must be >= 0"),
             (self.memory.replan_top_k >= 0, "memory.replan_top_k must be >= 0"),
+            (
+                self.memory.expected_answers in EXPECTED_ANSWERS,
+                f"memory.expected_answers must be one of {EXPECTED_ANSWERS}",
+            ),
+            (
+                self.memory.expected_answers == "right" or self.memory.remember_expected,
+                "memory.expected_answers=wrong needs memory.remember_expected=true (no expected "
+                "answer is remembered otherwise)",
+            ),
+            (self.memory.nogt_samples >= 2, "memory.nogt_samples must be >= 2"),
+            (
+                0.0 <= self.memory.nogt_temperature <= 2.0,
+                "memory.nogt_temperature must be in [0, 2]",
+            ),
             (self.request_timeout_s > 0, "request_timeout_s must be > 0"),
             (
                 self.services.threads is None or self.services.threads >= 1,

@@ -32,6 +32,7 @@ from mia.errors import MiaError
 from mia.eval.config import EvalConfig, JudgeLLMConfig
 from mia.eval.journal import RunJournal, fault_point
 from mia.eval.policies import (
+    FeedbackMemory,
     FlowContext,
     PolicySpec,
     finished_item,
@@ -39,6 +40,7 @@ from mia.eval.policies import (
     run_question,
     spec,
 )
+from mia.eval.templates import question_template, wrong_answers
 from mia.judge import Judge
 from mia.llm.base import LLMError
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
@@ -166,10 +168,15 @@ class _Runner:
         self.fresh: set[str] = set()  # rows produced by this process (surely not yet written)
         self.rows_done = 0
         self.writes_done = 0
+        # memory.expected_answers=wrong: id -> the answers a failed question's memory keeps
+        self.expected: dict[str, list[str]] | None = None
 
     # -------------------------------------------------------------- questions
     async def _answer(self, index: int, item: QAItem, batch: int | None) -> dict[str, Any]:
         row = await run_question(item, index, self.ctx)
+        p = self.ctx.policy
+        if p.writes and not p.local and not row["error"] and not self.cfg.memory.ground_truth:
+            await self._label_without_ground_truth(item, row)
         row["batch"] = batch
         used = row.get("used_memory_ids") or []
         row["used_memory_from"] = [self.owner.get(int(i)) for i in used]
@@ -181,6 +188,37 @@ class _Runner:
         fault_point("after_row", self.rows_done)
         self._tick()
         return row
+
+    async def _label_without_ground_truth(self, item: QAItem, row: dict[str, Any]) -> None:
+        """``memory.ground_truth=false``: the row's memory label from the vote's no-GT rule.
+        The Executor answers ``nogt_samples - 1`` more times with the guide it was given,
+        sampled (seeds 1, 2, ...); the memory is ``correct`` when every answer, the row's own
+        included, is the same non-empty answer (SQuAD-normalised), else ``incorrect``. A
+        sample that fails counts as an answer that disagrees."""
+        import base64
+
+        from mia.judge import normalize_answer
+
+        m = self.cfg.memory
+        answers = [str(row.get("prediction") or "")]
+        images = [base64.b64encode(b).decode("ascii") for b in item.images]
+        for seed in range(1, m.nogt_samples):
+            try:
+                res = await self.ctx.serve.execute(
+                    item.question,
+                    str(row.get("guide") or ""),
+                    data_id=item.id,
+                    images=images,
+                    temperature=m.nogt_temperature,
+                    seed=seed,
+                )
+                answers.append(res.answer)
+            except RequestFailed:
+                answers.append("[Failed]")
+        forms = {normalize_answer(a) for a in answers}
+        agree = len(forms) == 1 and "" not in forms and "[Failed]" not in answers
+        row["memory_judgement"] = "correct" if agree else "incorrect"
+        row["nogt_answers"] = answers
 
     def _tick(self) -> None:
         if self.bar is None:
@@ -226,7 +264,9 @@ class _Runner:
         source = self.journal.source
         old = [r["id"] for r in rows if r["id"] not in self.fresh]
         found: dict[str, dict[str, Any]] = {}
-        if old and self.ctx.baseline is not None:
+        if self.ctx.feedback is not None:
+            pass  # the harness's own memory: rebuilt from the receipts, never written twice
+        elif old and self.ctx.baseline is not None:
             found = {k: {"id": v} for k, v in self.ctx.baseline.find(old, source).items()}
         elif old:
             memory = self.ctx.memory
@@ -255,12 +295,24 @@ class _Runner:
         if self.ctx.baseline is not None:
             await self._write_baseline(rows)
             return
+        if self.ctx.feedback is not None:
+            for r in rows:
+                self.writes_done += 1
+                self._receipt(r["id"], self.ctx.feedback.record(r), "write", {"action": "write"})
+            return
         memory = self.ctx.memory
         assert memory is not None
+        m = self.cfg.memory
+        expected = m.remember_expected and m.ground_truth
         try:
             answer = await memory.save_memories(
                 [
-                    memory_item(r, self.journal.source, self.cfg.memory.remember_expected)
+                    memory_item(
+                        r,
+                        self.journal.source,
+                        expected,
+                        None if self.expected is None else self.expected.get(r["id"], []),
+                    )
                     for r in rows
                 ]
             )
@@ -420,8 +472,7 @@ async def run_policy(
             say(f"[{policy}] resuming {run_dir}: {done}/{len(items)} questions already answered")
         elif p.writes and cfg.memory.clear_on_start and baseline is not None:
             baseline.clear()
-        elif p.writes and cfg.memory.clear_on_start:
-            assert memory is not None
+        elif p.writes and cfg.memory.clear_on_start and memory is not None:
             await memory.clear_memory()
         if progress:
             from tqdm import tqdm
@@ -449,7 +500,14 @@ async def run_policy(
             baseline=baseline,
             planner_llm=planner_llm,
         )
+        if p.local:
+            ctx.feedback = feedback_memory(journal)
+            ctx.templates = {it.id: question_template(it) for it in items}
         runner = _Runner(items, ctx, journal, cfg, bar)
+        if memory is not None and cfg.memory.expected_answers == "wrong":
+            runner.expected = {
+                k: [v] for k, v in wrong_answers(items, answer_pool(cfg, items)).items()
+            }
         if cfg.order == "online":
             await runner.online()
         else:
@@ -477,6 +535,26 @@ async def run_policy(
     if baseline_stats is not None:
         summary["baseline"] = baseline_stats
     return PolicyResult(policy, run_dir, rows, summary)
+
+
+def feedback_memory(journal: RunJournal) -> FeedbackMemory:
+    """The ``feedback`` policy's memory, with what an interrupted run of it had written (its
+    receipts, in the order they were written)."""
+    memory = FeedbackMemory()
+    for qid in journal.receipts:
+        if qid in journal.rows:
+            memory.record(journal.rows[qid])
+    return memory
+
+
+def answer_pool(cfg: EvalConfig, items: list[QAItem]) -> list[QAItem]:
+    """The questions whose answers ``memory.expected_answers=wrong`` draws from: the whole
+    dataset file when there is one (every modality), else the evaluated questions."""
+    if not cfg.dataset:
+        return items
+    from mia.data.formats import load_qa
+
+    return load_qa(Path(cfg.dataset).expanduser(), require_answer=False)
 
 
 def open_baseline(policy: str, cfg: EvalConfig, run_dir: Path) -> tuple[Any, Any, list[Any]]:
@@ -524,7 +602,7 @@ def policy_lanes(policies: list[str], endpoints: Endpoints) -> list[list[str]]:
     lanes: dict[str, list[str]] = {}
     for policy in policies:
         p = spec(policy)
-        shared = (p.retrieve or p.writes) and not p.baseline
+        shared = (p.retrieve or p.writes) and p.needs_memory
         key = f"store:{endpoints.memory_for(policy)}" if shared else policy
         lanes.setdefault(key, []).append(policy)
     return list(lanes.values())

@@ -6,6 +6,7 @@
 | `plan_only` | Planner with no memories (top_k 0) | yes                 | no                    |
 | `mia`       | Planner with retrieved workflows   | yes                 | LLM-compressed trace  |
 | `rag`       | none: the retrieved context itself | no                  | raw trace (identity)  |
+| `feedback`  | none: the last failed question of the same template with its expected answer | no | that question, in the harness |
 
 | `mem0`      | none: retrieved facts as the guide | no                  | facts: ADD/UPDATE/DELETE/NOOP |
 | `amem`      | none: retrieved notes (+ links)    | no                  | notes, linked and evolved |
@@ -28,6 +29,14 @@ endpoint). ``expel`` and ``memento`` feed a Planner (the ``planner`` role, the s
 as memory_serve's: plan, reflect, replan); the other three put their context in the Executor's
 guide slot, as ``rag`` does.
 
+``feedback`` is the simple feedback baseline (docs/protocol.md): no Planner and no
+memory_serve; the Executor's guide is the last question of the same template
+(:func:`mia.eval.templates.question_template`: a convention id or a relation) that was judged
+wrong, with its expected answer (:data:`FEEDBACK_GUIDE`). The harness keeps
+that memory per policy run (:class:`FeedbackMemory`), written when the question's memory write
+would be (online: once judged; batched: after its batch). The first question of a template, and
+a question with no template, get no guide.
+
 ``rag`` is the paper's trace-RAG baseline made precise: ``/memory`` retrieves the same top-k
 correct and top-k incorrect memories MIA's planner would see, and that context text goes into
 the Executor's guide slot (``Here is a guide for your reference: ...``) instead of a plan; the
@@ -48,11 +57,13 @@ from __future__ import annotations
 import base64
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mia.baselines import BASELINES, BaselineMemory, Finished
 from mia.data.formats import QAItem
+from mia.eval.templates import question_template
 from mia.judge import Judge, JudgeError
 from mia.llm.base import LLMError
 from mia.planner.flow import FlowConfig, Planner, PlannerFlow, PlannerRun, Task
@@ -61,7 +72,13 @@ from mia.prompts import planner as planner_text
 from mia.services import ExecutorClient, MemoryClient, RequestFailed
 from mia.trace import content_text, expected_extra, format_trace
 
-POLICIES = ("none", "plan_only", "mia", "rag", *BASELINES)
+POLICIES = ("none", "plan_only", "mia", "rag", "feedback", *BASELINES)
+# The ``feedback`` policy's guide (:class:`FeedbackGuide`). Not in mia.prompts.executor: that
+# module's constants are part of the warm-start recipe key, and this text trains no role.
+FEEDBACK_GUIDE = (
+    'A similar earlier question, "{question}", was answered wrongly; the expected answer was '
+    "{answer}."
+)
 
 
 @dataclass(frozen=True)
@@ -73,11 +90,14 @@ class PolicySpec:
     compress_modes: tuple[str, ...] | None  # memory_serve compress.mode(s) it needs (None: any)
     summary: str
     baseline: bool = False  # an in-process memory baseline (mia.baselines), no memory_serve
+    local: bool = False  # its memory is the harness's own (feedback), no memory_serve
 
     @property
     def needs_memory(self) -> bool:
-        """memory_serve is needed (the baselines keep their memory in the harness)."""
-        return (self.planner or self.retrieve or self.writes) and not self.baseline
+        """memory_serve is needed (the baselines and feedback keep their memory in the
+        harness)."""
+        uses = self.planner or self.retrieve or self.writes
+        return uses and not self.baseline and not self.local
 
 
 SPECS: dict[str, PolicySpec] = {
@@ -90,6 +110,15 @@ SPECS: dict[str, PolicySpec] = {
     ),
     "rag": PolicySpec(
         "rag", False, True, True, ("identity",), "retrieved raw traces as the guide, no planner"
+    ),
+    "feedback": PolicySpec(
+        "feedback",
+        False,
+        True,
+        True,
+        None,
+        "the last failed question of the same template, with its expected answer, as the guide",
+        local=True,
     ),
     "mem0": PolicySpec(
         "mem0", False, True, True, None, "Mem0 facts as the guide, no planner", baseline=True
@@ -135,9 +164,14 @@ class FlowContext:
     reflect: bool = True
     baseline: BaselineMemory | None = None  # the baselines' memory
     planner_llm: Any = None  # expel / memento: the Planner's chat backend
+    feedback: FeedbackMemory | None = None  # feedback: the harness's memory of failures
+    templates: Mapping[str, str] = dataclasses.field(default_factory=dict)  # id -> template
 
     def planner(self) -> Planner:
         p = self.policy
+        if p.local:
+            assert self.feedback is not None
+            return FeedbackGuide(self.feedback, self.templates)
         if p.baseline:
             assert self.baseline is not None
             if p.planner:
@@ -244,10 +278,67 @@ def finished_item(row: dict[str, Any], source: str) -> Finished:
         plan=plan,
         trace=str(row.get("trace") or ""),
         answer=str(row.get("prediction") or ""),
-        correct=bool(row.get("correct")),
+        correct=memory_judgement(row) == "correct",
         image_caption=str(caption),
         source=source,
     )
+
+
+# ----------------------------------------------------------------------------- feedback
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A remembered failed question of the ``feedback`` policy."""
+
+    id: int  # the write's number in this run (1, 2, ...): the receipt's memory id
+    data_id: str
+    question: str
+    expected: str
+
+
+class FeedbackMemory:
+    """The ``feedback`` policy's memory: per question template, the last failed question with
+    its expected answer (its first gold). A correct question is counted as a write and changes
+    nothing; a question without a template or a gold is not remembered."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, Failure] = {}
+        self.writes = 0
+
+    def record(self, row: Mapping[str, Any]) -> int:
+        """Remember one judged row; returns the write's number."""
+        self.writes += 1
+        golds = [str(g) for g in row.get("golds") or []]
+        template = str(row.get("template") or "")
+        if template and golds and not row["correct"]:
+            self.failures[template] = Failure(
+                self.writes, str(row["id"]), str(row["question"]), golds[0]
+            )
+        return self.writes
+
+    def last_failure(self, template: str) -> Failure | None:
+        return self.failures.get(template) if template else None
+
+
+class FeedbackGuide(NoPlanner):
+    """The ``feedback`` guide: the last failed question of the question's template and its
+    expected answer (:data:`FEEDBACK_GUIDE`); none when the template has
+    no failure yet."""
+
+    name = "feedback"
+
+    def __init__(self, memory: FeedbackMemory, templates: Mapping[str, str]) -> None:
+        self.memory = memory
+        self.templates = templates
+
+    async def plan(self, run: PlannerRun) -> bool:
+        failure = self.memory.last_failure(self.templates.get(str(run.data_id), ""))
+        if failure is not None:
+            run.plan = FEEDBACK_GUIDE.format(question=failure.question, answer=failure.expected)
+            run.memory_context = run.plan
+            run.memory_ids = [failure.id]
+        return True
 
 
 # ----------------------------------------------------------------------------- messages
@@ -284,6 +375,7 @@ def base_row(item: QAItem, index: int, policy: str) -> dict[str, Any]:
         "modality": item.modality,
         "category": item.category,
         "level": item.level,
+        "template": question_template(item),
     }
 
 
@@ -330,6 +422,7 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
         "judgement": verdict.to_dict(),
         "correct": verdict.correct,
         "plan": run.plan if p.planner else None,
+        "guide": run.plan,  # what the Executor was given (a plan, a context, or nothing)
         "context": run.memory_context if p.retrieve and (p.baseline or not p.planner) else None,
         "planner": run.planner or None,
         "need_replan": run.need_replan,
@@ -354,23 +447,37 @@ async def _flow(item: QAItem, ctx: FlowContext) -> dict[str, Any]:
     }
 
 
-def memory_item(row: dict[str, Any], source: str, expected: bool = False) -> dict[str, Any]:
+def memory_judgement(row: Mapping[str, Any]) -> str:
+    """The label a row's memory gets: the no-GT verdict when the run has one
+    (``memory.ground_truth=false``), else the judge's."""
+    return str(row.get("memory_judgement") or ("correct" if row["correct"] else "incorrect"))
+
+
+def memory_item(
+    row: dict[str, Any],
+    source: str,
+    expected: bool = False,
+    golds: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The ``/memories`` payload of a finished row (built from the journal row, so a resumed
     run writes exactly what the interrupted one would have). ``expected``: a failed row's
     memory also keeps its expected answer and where the Executor's search results held it
-    (``memory.remember_expected``)."""
+    (``memory.remember_expected``); ``golds``: the answers to remember instead of the row's
+    own (``memory.expected_answers=wrong``; empty: none)."""
+    judgement = memory_judgement(row)
     item: dict[str, Any] = {
         "data_id": row["id"],
         "question": row["question"],
         "plan": row.get("plan") or "",
         "messages": history(row["messages"]),
-        "judgement": "correct" if row["correct"] else "incorrect",
+        "judgement": judgement,
         "used_memory_ids": list(row.get("used_memory_ids") or []),
         "source": source,
         "extra": {"policy": row["policy"], "eval_source": source},
     }
     if row.get("image_caption"):
         item["image_caption"] = row["image_caption"]
-    if expected and not row["correct"]:
-        item["extra"].update(expected_extra(row["messages"], row.get("golds") or []))
+    if expected and judgement == "incorrect":
+        answers = (row.get("golds") or []) if golds is None else golds
+        item["extra"].update(expected_extra(row["messages"], answers))
     return item

@@ -88,15 +88,23 @@ def comparison(
     *,
     baseline: str = "none",
     groups: Mapping[str, str] | None = None,
+    clusters: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per policy: accuracy with its interval and, on the questions every policy
     answered, the paired difference to ``baseline``. ``outcomes``: policy -> {question id ->
-    correct (0/1)}. ``groups``: question id -> group name; adds per-group accuracies."""
+    correct (0/1)}. ``groups``: question id -> group name; adds per-group accuracies.
+    ``clusters``: question id -> cluster (e.g. its template): the intervals resample whole
+    clusters (:func:`cluster_bootstrap_ci`); without it, questions."""
     common = set.intersection(*(set(o) for o in outcomes.values())) if outcomes else set()
     ids = sorted(common)
+    labels = [clusters.get(i, i) for i in ids] if clusters is not None else None
     rows = []
     for policy, o in outcomes.items():
-        mean, lo, hi = bootstrap_ci([o[i] for i in ids])
+        values = [o[i] for i in ids]
+        if labels is None:
+            mean, lo, hi = bootstrap_ci(values)
+        else:
+            mean, lo, hi = cluster_bootstrap_ci(values, labels)
         row: dict[str, Any] = {
             "policy": policy,
             "n": len(ids),
@@ -104,9 +112,11 @@ def comparison(
             "ci": [lo, hi],
         }
         if baseline in outcomes and policy != baseline:
-            d, dlo, dhi = paired_bootstrap_ci(
-                [o[i] for i in ids], [outcomes[baseline][i] for i in ids]
-            )
+            base = [outcomes[baseline][i] for i in ids]
+            if labels is None:
+                d, dlo, dhi = paired_bootstrap_ci(values, base)
+            else:
+                d, dlo, dhi = paired_cluster_bootstrap_ci(values, base, labels)
             row["delta"] = {"vs": baseline, "mean": d, "ci": [dlo, dhi]}
         if groups:
             by: dict[str, list[float]] = {}

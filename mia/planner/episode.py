@@ -129,15 +129,20 @@ class PlannerEpisode:
         self.chat_template_kwargs = chat_template_kwargs
         self.flow_cfg = self.cfg.flow()
 
-    def planner(self, rollout: Rollout) -> ConversationPlanner:
-        """This rollout's Planner: the trainable policy, token-exact."""
-        policy = TokenPolicy(
+    def make_policy(self, rollout: Rollout) -> TokenPolicy:
+        """This rollout's token-exact policy over ``rollout.generator`` (an engine with
+        ``generate_ids``: mia.rl's generators, veRL's server client through
+        :mod:`mia.verl.engine`, which also bounds the response to veRL's length)."""
+        return TokenPolicy(
             rollout.generator,
             defaults=rollout.sampling,
             chat_template_kwargs=self.chat_template_kwargs,
         )
+
+    def planner(self, rollout: Rollout) -> ConversationPlanner:
+        """This rollout's Planner: the trainable policy, token-exact."""
         return ConversationPlanner(
-            policy,
+            self.make_policy(rollout),
             rollout.sampling,
             limits=self.cfg.limits(),
             memory=self.memory,

@@ -186,6 +186,10 @@ class TrainerConfig:
                 "return raw log-probs); use old_logprobs=recompute"
             )
         check_loss_temperature(SamplingParams(**self.sampling).temperature, self, "sampling")
+        if self.workers.ray_address is None:  # a private single-node cluster: this machine
+            from mia.rl import placement
+
+            placement.check_placement(self, placement.node_gpus())
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -373,6 +377,7 @@ class Trainer:
         try:
             if self.cfg.workers.mode == "ray":
                 self._start_ray()
+                self._check_cluster_placement()
             t0 = time.perf_counter()
             self.policy = PolicyGroup.from_config(self.cfg.policy, self.cfg.workers)
             log.info("policy ready in %.1f s", time.perf_counter() - t0)
@@ -400,6 +405,19 @@ class Trainer:
         self._ray_ctx = start_private_ray(
             self.run_dir, self.cfg.workers.ray_num_cpus, self.cfg.workers.ray_address
         )
+
+    def _check_cluster_placement(self) -> None:
+        """A joined cluster (``workers.ray_address``) that has one node: the same check as at
+        load, with that node's GPUs (:mod:`mia.rl.placement`)."""
+        if self.cfg.workers.ray_address is None:
+            return  # checked at load with this machine's GPUs
+        import ray
+
+        from mia.rl.placement import check_placement
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if len(nodes) == 1:
+            check_placement(self.cfg, int(nodes[0].get("Resources", {}).get("GPU", 0)))
 
     def _build_generator(self) -> Any:
         from mia.rl.generators import make_generator

@@ -108,6 +108,10 @@ class PolicyWorker:
             return self.policy.train_step(batch)
         finally:
             trim_heap()  # the update's activations and logits: mia/heap.py
+            if torch.cuda.is_available():
+                # ... and on a GPU the caching allocator's blocks, before a colocated vLLM
+                # wakes its KV cache into the same memory (mia.rl.placement).
+                torch.cuda.empty_cache()
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         try:

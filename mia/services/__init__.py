@@ -5,7 +5,8 @@ the server that answers them and the client that sends them, plus that client.
   failures, one pool per event loop), :class:`SyncClient` (any async client's methods for
   blocking code: ``memory.sync.plan(q)``) and :class:`ServiceError` (the ``{"error": {...}}``
   envelope);
-- :mod:`mia.services.memory` — memory_serve (retrieval, plans, writes, TTRL, persistence);
+- :mod:`mia.services.memory` — memory_serve (retrieval, plans, writes, TTRL, persistence): a
+  package of its wire models (``memory.models``) and its client (``memory.client``);
 - :mod:`mia.services.search` — local_search (Search-R1 ``/retrieve``; its client is the agent's
   ``search`` tool);
 - :mod:`mia.services.rewards` — the reward server;
