@@ -583,8 +583,8 @@ def test_unknown_policy_exits_2(stack: dict[str, Any]) -> None:
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "mia eval: error: eval config: unknown policy 'magic' "
-        "(known: ('none', 'plan_only', 'mia', 'rag', 'mem0', 'amem', 'expel', 'memento', "
-        "'reasoningbank'))"
+        "(known: ('none', 'plan_only', 'mia', 'rag', 'feedback', 'mem0', 'amem', 'expel', "
+        "'memento', 'reasoningbank'))"
     )
 
 
