@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -34,6 +35,17 @@ def mia_home() -> Path:
     root = home_path()
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def resolve_run_dir(configured: str | os.PathLike[str] | None, prefix: str) -> Path:
+    """The run folder ``configured`` names, else a new ``$MIA_HOME/runs/<prefix>-<timestamp>``;
+    created, and returned absolute."""
+    if configured:
+        path = Path(configured)
+    else:
+        path = mia_home() / "runs" / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import resolve_run_dir
 from mia.planner.episode import ExecutorAloneEpisode, PlannerEpisode
 from mia.rewards.grading import grade
 from mia.rewards.planner import PlannerReward
@@ -182,8 +183,7 @@ class TTRLRun:
             raise MiaError("set services.memory_url (memory_serve): TTRL writes its memories there")
         self.executor, self.memory = clients(cfg.services)
         assert self.memory is not None
-        self.run_dir = Path(cfg.run_dir or self._default_run_dir()).resolve()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = resolve_run_dir(cfg.run_dir, "ttrl")
         self.journal = Journal(self.run_dir / "ttrl_state")
         self.eval_dir = str(self.run_dir / "eval") if cfg.memory.evaluate else None
         self.memory_dir = self.run_dir / "memory" if cfg.memory.save else None
@@ -196,12 +196,6 @@ class TTRLRun:
         self.alone_episode = ExecutorAloneEpisode(
             self.executor, temperature=cfg.memory.alone_temperature
         )
-
-    @staticmethod
-    def _default_run_dir() -> Path:
-        from mia.paths import mia_home
-
-        return mia_home() / "runs" / f"ttrl-{time.strftime('%Y%m%d-%H%M%S')}"
 
     # ------------------------------------------------------------------ pieces
     def _persisted(self, batch: int, point: str) -> None:

@@ -40,10 +40,8 @@ import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -59,6 +57,7 @@ from mia.http import (
     add_server_args,
     create_app,
 )
+from mia.paths import resolve_run_dir
 from mia.planner.episode import PlannerEpisode
 from mia.rewards.planner import PlannerReward, RemoteReward
 from mia.rl.trainer import RolloutResult, Trainer, group_results
@@ -124,13 +123,7 @@ class StreamingServer:
         services = cfg.services
         executor, memory = clients(services)
         self.memory = memory if cfg.memory.enabled else None
-        run_dir = cfg.run_dir
-        if not run_dir:
-            from mia.paths import mia_home
-
-            run_dir = str(mia_home() / "runs" / f"streaming-{time.strftime('%Y%m%d-%H%M%S')}")
-        self.run_dir = Path(run_dir).resolve()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = resolve_run_dir(cfg.run_dir, "streaming")
         if services.reward_url:
             reward: Any = RemoteReward(
                 RewardClient(str(services.reward_url), **service_kwargs(services, "reward"))

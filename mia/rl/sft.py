@@ -41,7 +41,7 @@ import torch
 
 from mia.config import add_help_config
 from mia.errors import MiaError
-from mia.paths import CONFIG_ROOT, atomic_write_text
+from mia.paths import CONFIG_ROOT, atomic_write_text, resolve_run_dir
 from mia.rl.metrics import LoggingConfig, MetricsLogger
 from mia.rl.policy import PolicyConfig, config_from_dict, plain_config
 from mia.rl.workers import WorkersConfig
@@ -248,7 +248,7 @@ class SftRun:
     def __init__(self, cfg: SftConfig | Mapping[str, Any], *, say: Log | None = None) -> None:
         self.cfg = SftConfig.from_dict(cfg)
         self.say: Log = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.run_dir = self._resolve_run_dir()
+        self.run_dir = resolve_run_dir(self.cfg.run_dir, "sft")
         self.ckpt_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.output_dir = Path(self.cfg.output_dir) if self.cfg.output_dir else self.run_dir / "hf"
         self.model_path = self._resolve_model()
@@ -259,16 +259,6 @@ class SftRun:
         self._logger: MetricsLogger | None = None
 
     # ------------------------------------------------------------------ setup
-    def _resolve_run_dir(self) -> Path:
-        if self.cfg.run_dir:
-            path = Path(self.cfg.run_dir)
-        else:
-            from mia.paths import mia_home
-
-            path = mia_home() / "runs" / f"sft-{time.strftime('%Y%m%d-%H%M%S')}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path.resolve()
-
     def _resolve_model(self) -> Path:
         if not self.cfg.model_path:
             raise MiaError("sft: set model_path=DIR (a Hugging Face folder) or model_path=embedded")

@@ -48,6 +48,7 @@ from mia.config import from_dict, option, section
 from mia.errors import MiaError
 from mia.heap import peak_resident_bytes, resident_bytes, trim_heap
 from mia.llm.base import SamplingParams
+from mia.paths import resolve_run_dir
 from mia.rl.episode import Episode, Rollout, SeededGenerator, collate, mix_seed
 from mia.rl.generators.base import GeneratorConfig
 from mia.rl.grpo import group_advantages
@@ -333,7 +334,7 @@ class Trainer:
         self.group_reward = group_reward
         self.dataset = dataset
         self.val_dataset = val_dataset
-        self.run_dir = self._resolve_run_dir()
+        self.run_dir = resolve_run_dir(self.cfg.run_dir, "grpo")
         self.ckpt_dir = Path(self.cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.step = 0
         self.data = DataCursor(len(dataset), self.cfg.batch_size, self.cfg.shuffle, self.cfg.seed)
@@ -356,16 +357,6 @@ class Trainer:
         self._rollout_seconds = 0.0
 
     # ------------------------------------------------------------------ lifecycle
-    def _resolve_run_dir(self) -> Path:
-        if self.cfg.run_dir:
-            path = Path(self.cfg.run_dir)
-        else:
-            from mia.paths import mia_home
-
-            path = mia_home() / "runs" / f"grpo-{time.strftime('%Y%m%d-%H%M%S')}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path.resolve()
-
     def setup(self) -> Trainer:
         """Start Ray (if needed), the policy workers and the generator; resume if asked."""
         if self._ready:
