@@ -12,7 +12,8 @@ from memory_serve.config import ClassifierConfig
 from memory_serve.llms import sampling
 from mia.llm.base import ChatBackend, LLMError
 from mia.llm.think import text_after_think
-from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY, classify_prompt
+from mia.prompts.manager import DEFAULT_CATEGORY, classify_prompt
+from mia.services.memory import CATEGORIES
 
 log = logging.getLogger("memory_serve.classify")
 _WORD = re.compile(r"[a-z]+")

@@ -10,18 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mia.caption import caption_text
-from mia.prompts.manager import CATEGORIES, DEFAULT_CATEGORY
+from mia.prompts.manager import DEFAULT_CATEGORY
 from mia.prompts.planner import memory_context
 from mia.services import memory as memory_api
-from mia.services.memory import MAX_EXTRA_CHARS, MAX_JSON_DEPTH, check_depth, extra_json
+from mia.services.memory import CATEGORIES, MAX_EXTRA_CHARS, MAX_JSON_DEPTH, check_depth, extra_json
 
 TEXT_ONLY = "text-only"
 TEXT_IMAGE = "text-image"
 MODALITIES = (TEXT_ONLY, TEXT_IMAGE)
 # The wire contract lists the same buckets.
-assert set(memory_api.MODALITIES) == set(MODALITIES) and set(memory_api.CATEGORIES) == set(
-    CATEGORIES
-)
+assert set(memory_api.MODALITIES) == set(MODALITIES)
 CORRECT = "correct"
 INCORRECT = "incorrect"
 

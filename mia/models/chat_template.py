@@ -15,11 +15,13 @@ import json
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
-_TOOLS_INTRO = (
+# Qwen2.5's tool block around the tool schemas, character for character (mia.prompts.executor
+# writes the same block into the system message).
+TOOLS_INTRO = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
 )
-_TOOLS_OUTRO = (
+TOOLS_OUTRO = (
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
     "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
@@ -63,9 +65,9 @@ def chatml_template(default_system: str | None, vision: bool) -> str:
         "{%- endif -%}"
         "{%- if tools -%}"
         "{{- '<|im_start|>system\\n' -}}{%- if system -%}{{- system -}}{%- endif -%}"
-        "{{- " + json.dumps(_TOOLS_INTRO) + " -}}"
+        "{{- " + json.dumps(TOOLS_INTRO) + " -}}"
         "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
-        "{{- " + json.dumps(_TOOLS_OUTRO) + " -}}{{- '<|im_end|>\\n' -}}"
+        "{{- " + json.dumps(TOOLS_OUTRO) + " -}}{{- '<|im_end|>\\n' -}}"
         "{%- elif system is not none -%}"
         "{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' -}}"
         "{%- endif -%}"

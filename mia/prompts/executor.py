@@ -23,6 +23,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from mia.models.chat_template import TOOLS_INTRO, TOOLS_OUTRO
 from mia.trace import REVISED_PLAN_MARKER, REVISED_PLAN_TEMPLATE
 
 # The placeholder an image content part replaces (question images and image-search results).
@@ -30,16 +31,7 @@ IMAGE_TOKEN = "<image>"
 
 SYSTEM_ROLE = "You are a helpful assistant."
 
-# Qwen2.5's tool block, character for character, then our one-call rule.
-_TOOLS_INTRO = (
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-_TOOLS_OUTRO = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
+# Qwen2.5's tool block (TOOLS_INTRO, TOOLS_OUTRO), then our one-call rule.
 ONE_CALL_RULE = "\n\nCall one function at a time and wait for its result before you continue."
 
 _WORKFLOW = (
@@ -99,7 +91,7 @@ def system_prompt(tool_schemas: Sequence[dict[str, Any]], role: str = SYSTEM_ROL
     if not tool_schemas:
         return role
     lines = "".join("\n" + json.dumps(s, ensure_ascii=False) for s in tool_schemas)
-    return role + _TOOLS_INTRO + lines + _TOOLS_OUTRO + ONE_CALL_RULE
+    return role + TOOLS_INTRO + lines + TOOLS_OUTRO + ONE_CALL_RULE
 
 
 def plan_block(plan: str | None) -> str:

@@ -36,18 +36,7 @@ def compress_prompt(trace: str, max_words: int = COMPRESS_MAX_WORDS) -> str:
 
 # --- question classification (docs/reference.md §4.2) ----------------------------------------------
 
-CATEGORIES = (
-    "location",
-    "human",
-    "time",
-    "career",
-    "process",
-    "definition",
-    "event",
-    "function",
-    "property",
-    "others",
-)
+# The answer types (CATEGORIES) are the wire contract's: mia.services.memory.Category.
 DEFAULT_CATEGORY = "others"
 
 CLASSIFY_PROMPT = (
