@@ -1,13 +1,13 @@
 """The efficacy bench: the pre-registered protocol (docs/protocol.md), or the development table
 on world 1.
 
+    python bench/efficacy_bench.py                     # the protocol: configs/efficacy/protocol.yaml
     python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml        # dev worlds
-    python bench/efficacy_bench.py --protocol configs/efficacy/protocol.yaml   # test worlds
     python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml --baselines
     python bench/efficacy_bench.py --protocol configs/efficacy/dev.yaml --questions 8 \
         -- eval.workers=4                                   # dev only: mia demo arguments after --
 
-**--protocol FILE** runs exactly what the protocol file fixes (:mod:`mia.apps.protocol`): per
+**--protocol FILE** (default ``configs/efficacy/protocol.yaml``, the test worlds) runs exactly what the protocol file fixes (:mod:`mia.apps.protocol`): per
 world, its stream (the test split's convention questions and its first N standard text
 questions, in file order), in each order (``file``, and ``shuffled`` with
 ``random.Random("mia-protocol-order:<seed>")``), every row (``none``, ``mia``, ``feedback``, the
@@ -26,12 +26,13 @@ table.
 
 A **test** protocol (its worlds in the test range of configs/world/seeds.yaml) appends a row to
 the ledger (``--ledger``, docs/ledger.md) when it starts and another when it ends, refuses to
-look again at roles the ledger already holds a run of (``--another-look`` takes one, recorded
-like any other), and runs as fixed: ``--questions``, ``--bf16``, ``--config`` and demo
+look again at roles the ledger already holds a run of once the code has changed since that run
+(``--another-look`` takes one, recorded like any other; on unchanged code a run is a
+reproduction, and its ledger row names the run it reproduces), and runs as fixed: ``--questions``, ``--bf16``, ``--config`` and demo
 overrides are for dev protocols; after ``--`` it takes only ``--model`` and the role endpoints
 (``--executor-url`` ...). A dev protocol never writes the ledger.
 
-**Without --protocol** the bench runs the development table of world 1, as docs/results.md's
+**--world-1** runs the development table of world 1, as docs/results.md's
 runs did: ``mia demo --config configs/demo/efficacy.yaml`` (world seed 1, its first 64 text test
 questions, policies none / plan_only / rag / mia, then TTRL supervised and no-GT;
 ``--questions N`` another count, ``--baselines`` configs/demo/baselines.yaml: the five memory
@@ -155,14 +156,20 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--protocol",
-        default=None,
-        help="a protocol file (configs/efficacy/*.yaml): run it (docs/protocol.md)",
+        default=str(ROOT / "configs" / "efficacy" / "protocol.yaml"),
+        help="a protocol file (configs/efficacy/*.yaml): run it (docs/protocol.md); default "
+        "the test protocol, configs/efficacy/protocol.yaml",
+    )
+    p.add_argument(
+        "--world-1",
+        action="store_true",
+        help="instead of a protocol: the development table of world 1 (not a claim)",
     )
     p.add_argument(
         "--questions",
         type=int,
         default=None,
-        help="the first N questions of each stream (dev protocols; without --protocol: of "
+        help="the first N questions of each stream (dev protocols; with --world-1: of "
         "world 1's text test questions)",
     )
     p.add_argument(
@@ -175,13 +182,13 @@ def _parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         help="demo config (dev protocols: the rows' base, default configs/demo/default.yaml; "
-        "without --protocol: default efficacy.yaml)",
+        "--world-1: default efficacy.yaml)",
     )
     p.add_argument(
         "--baselines",
         action="store_true",
         help="the memory baselines too (with --protocol: the protocol's list, a second table; "
-        "without: configs/demo/baselines.yaml, no TTRL)",
+        "--world-1: configs/demo/baselines.yaml, no TTRL)",
     )
     p.add_argument(
         "--bf16",
@@ -205,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = _parser().parse_args()
-    if args.protocol is not None:
+    if not args.world_1:
         try:
             run_protocol_command(args)
         except MiaError as err:

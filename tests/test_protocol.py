@@ -232,7 +232,10 @@ def test_ledger_rows_are_appended_and_nothing_else_changes(tmp_path: Path) -> No
         "`python bench/efficacy_bench.py --protocol p.yaml` | finished | gain +1.0 met \\| odd |",
     ]
     assert read_rows(ledger) == [row, end]
-    assert earlier_looks(ledger, "p.yaml v1", "k1, k2", "r2") == ["r1"]
+    assert (
+        earlier_looks(ledger, "p.yaml v1", "k1, k2", "r2") == [read_rows(ledger)[0]]
+        and read_rows(ledger)[0].run == "r1"
+    )
     assert earlier_looks(ledger, "p.yaml v1", "k1, k2", "r1") == []
     assert earlier_looks(ledger, "p.yaml v1", "k1, k3", "r2") == []
     notes = _write(tmp_path / "notes.md", "# not a ledger\n")
@@ -252,8 +255,8 @@ def test_a_dev_protocol_never_opens_the_ledger(tmp_path: Path) -> None:
     test = load_protocol(_write(tmp_path / "t.yaml", TINY.format(seed=20000)))
     opts = ProtocolOptions(path=tmp_path / "t.yaml", out=tmp_path / "o", ledger=ledger, root=ROOT)
     opened = open_ledger(test, opts, {"executor": "a", "planner": "b"}, "r")
-    assert opened is not None
-    assert (opened.protocol, opened.roles) == (f"{tmp_path / 't.yaml'} v1", "a, b")
+    assert opened is not None and opened[1] == "-"
+    assert (opened[0].protocol, opened[0].roles) == (f"{tmp_path / 't.yaml'} v1", "a, b")
     assert ledger.read_text() == (ROOT / "docs" / "ledger.md").read_text()  # opening writes nothing
 
 
@@ -328,12 +331,60 @@ def test_a_test_protocol_runs_end_to_end_and_writes_the_ledger(
     for t in summary["targets"]:
         assert f"  {t['line']}" in lines
 
-    # The same roles again: refused before anything runs; the ledger is unchanged.
+    # The same roles again after the code changed (the look's commit is the repository's first
+    # one): refused before anything runs; the ledger is unchanged.
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()[0][:7]  # fmt: skip
+    ledger.write_text(ledger.read_text().replace(f"| {started.commit} |", f"| {first} |"))
     after = ledger.read_text()
     again = _bench(*[a if a != str(out) else str(tmp_path / "out2") for a in args],
                    home=tmp_path / "home")  # fmt: skip
     assert again.returncode == 2 and len(again.stderr.splitlines()) == 1
-    assert f"already holds a run of {protocol} v1 with these roles ({summary['run_id']})" in (
-        again.stderr
-    )
+    assert (
+        f"already holds a run of {protocol} v1 with these roles ({summary['run_id']}) and the "
+        "code has changed since"
+    ) in again.stderr
     assert "--another-look" in again.stderr and ledger.read_text() == after
+
+
+def test_a_look_on_unchanged_code_is_a_reproduction(tmp_path: Path) -> None:
+    """A run of roles already looked at is a reproduction when that look's commit was clean and
+    nothing outside docs/ changed since; otherwise another look, refused without the flag."""
+    from mia.apps.protocol import ProtocolOptions, open_ledger
+    from mia.eval.ledger import LedgerRow, append_row, unchanged_since
+    from mia.eval.protocol import load_protocol
+
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (repo / "code.py").write_text("x = 1\n")
+    ledger = _write(repo / "docs" / "ledger.md", (ROOT / "docs" / "ledger.md").read_text())
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")  # fmt: skip
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    head = git("rev-parse", "--short", "HEAD")
+    protocol = load_protocol(ROOT / "configs" / "efficacy" / "protocol.yaml")
+    opts = ProtocolOptions(path=ROOT / "configs" / "efficacy" / "protocol.yaml", out=tmp_path,
+                           ledger=ledger, root=repo)  # fmt: skip
+    roles = {"executor": "e1", "planner": "p1"}
+    label = f"{ROOT / 'configs' / 'efficacy' / 'protocol.yaml'} v{protocol.version}"
+    append_row(ledger, LedgerRow("r1", "2026-12-06 00:00:00", head, label, "e1, p1", "`c`",
+                                 "started", "-"))  # fmt: skip
+    assert unchanged_since(repo, head) and not unchanged_since(repo, head + "+dirty")
+    opened = open_ledger(protocol, opts, roles, "r2")
+    assert opened is not None and opened[1] == "reproduces r1"
+    (repo / "docs" / "notes.md").write_text("docs may change\n")
+    assert open_ledger(protocol, opts, roles, "r2")[1] == "reproduces r1"  # type: ignore[index]
+    (repo / "code.py").write_text("x = 2\n")
+    with pytest.raises(MiaError, match="the code has changed since"):
+        open_ledger(protocol, opts, roles, "r2")
+    again = open_ledger(protocol, dataclasses.replace(opts, another_look=True), roles, "r2")
+    assert again is not None and again[1] == "-"
+    # Other roles are a first look.
+    assert open_ledger(protocol, opts, {"executor": "e2", "planner": "p1"}, "r2")[1] == "-"  # type: ignore[index]

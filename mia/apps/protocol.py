@@ -231,23 +231,32 @@ class Ledger:
 
 def open_ledger(
     protocol: Protocol, opts: ProtocolOptions, roles: dict[str, str], run_id: str
-) -> Ledger | None:
-    """The ledger of a test run, after refusing a second look at the same roles (unless
-    ``another_look``); None for a dev run."""
-    from mia.eval.ledger import earlier_looks, git_commit
+) -> tuple[Ledger, str] | None:
+    """The ledger of a test run and the note of its ``started`` row; None for a dev run.
+
+    A run of roles the ledger already holds a look at is a **reproduction** when that look ran
+    on a clean commit and nothing outside docs/ has changed since (the same code, configs and
+    roles: float32 gives the same numbers); it runs and its row says which run it reproduces.
+    Any other run of the same roles is another look at the test worlds, refused unless
+    ``another_look``."""
+    from mia.eval.ledger import earlier_looks, git_commit, unchanged_since
 
     if protocol.kind != "test":
         return None
     label = f"{display_path(opts.path, opts.root)} v{protocol.version}"
     pair = f"{roles['executor']}, {roles['planner']}"
     looks = earlier_looks(opts.ledger, label, pair, run_id)
-    if looks and not opts.another_look:
+    same = [r.run for r in looks if unchanged_since(opts.root, r.commit)]
+    note = f"reproduces {same[-1]}" if same else "-"
+    if looks and not same and not opts.another_look:
         raise MiaError(
-            f"{opts.ledger} already holds a run of {label} with these roles ({', '.join(looks)}): "
-            "each shipped model is evaluated once on the test worlds (docs/protocol.md, "
-            "'Looks'); --another-look takes another, and the ledger records it"
+            f"{opts.ledger} already holds a run of {label} with these roles "
+            f"({', '.join(r.run for r in looks)}) and the code has changed since: each shipped "
+            "model is evaluated once on the test worlds (docs/protocol.md, 'Looks'); "
+            "--another-look takes another, and the ledger records it"
         )
-    return Ledger(opts.ledger, run_id, git_commit(opts.root), label, pair, opts.command)
+    ledger = Ledger(opts.ledger, run_id, git_commit(opts.root), label, pair, opts.command)
+    return ledger, note
 
 
 def display_path(path: Path, root: Path) -> str:
@@ -336,7 +345,8 @@ def run_protocol(protocol: Protocol, opts: ProtocolOptions) -> dict[str, Any]:
     base = world_config(protocol, args, rows, baselines)
     roles = role_keys(base, args)
     run_id = run_id_of(protocol, opts)
-    ledger = open_ledger(protocol, opts, roles, run_id)
+    opened = open_ledger(protocol, opts, roles, run_id)
+    ledger, note = opened if opened is not None else (None, "-")
     say(
         f"protocol {display_path(opts.path, opts.root)} v{protocol.version} ({protocol.kind} "
         f"worlds {', '.join(map(str, protocol.worlds))}; run {run_id}) -> {opts.out}"
@@ -350,8 +360,11 @@ def run_protocol(protocol: Protocol, opts: ProtocolOptions) -> dict[str, Any]:
     if reused and len(protocol.orders) > 1:
         say(f"  {note_reused(reused, protocol.orders)}")
     if ledger is not None:
-        ledger.append("started", "-")
-        say(f"  ledger: started row appended to {opts.ledger}")
+        ledger.append("started", note)
+        say(
+            f"  ledger: started row appended to {opts.ledger}"
+            + ("" if note == "-" else f" ({note})")
+        )
     streams: list[StreamResult] = []
     for seed in protocol.worlds:
         streams += run_world(protocol, opts, args, base, rows, baselines, seed)

@@ -102,15 +102,39 @@ def _split(text: str) -> list[str]:
     return cells
 
 
-def earlier_looks(path: Path, protocol: str, roles: str, run_id: str) -> list[str]:
-    """Run ids of the ledger's earlier runs of ``protocol`` with these ``roles`` (another run
-    id than ``run_id``): the looks already taken."""
-    same = [
-        r.run
-        for r in read_rows(path)
-        if r.event == "started" and (r.protocol, r.roles) == (protocol, roles) and r.run != run_id
-    ]
-    return list(dict.fromkeys(same))
+def earlier_looks(path: Path, protocol: str, roles: str, run_id: str) -> list[LedgerRow]:
+    """The ``started`` rows of the ledger's earlier runs of ``protocol`` with these ``roles``
+    (another run id than ``run_id``): the looks already taken, one row per run."""
+    same: dict[str, LedgerRow] = {}
+    for r in read_rows(path):
+        if r.event == "started" and (r.protocol, r.roles) == (protocol, roles) and r.run != run_id:
+            same.setdefault(r.run, r)
+    return list(same.values())
+
+
+def unchanged_since(root: Path, commit: str) -> bool:
+    """True when ``commit`` was a clean checkout (no ``+dirty``) and nothing outside ``docs/``
+    differs between it and the working tree of ``root``: the same code, configs and models, so
+    a run now reproduces that run."""
+    if not commit or commit == "unknown" or commit.endswith("+dirty"):
+        return False
+    try:
+        diff = subprocess.run(
+            ["git", "diff", "--quiet", commit, "--", ".", ":(exclude)docs"],
+            cwd=root,
+            capture_output=True,
+            timeout=60,
+        )
+        untracked = subprocess.run(
+            ["git", "ls-files", "--others", "--exclude-standard", "--", ".", ":(exclude)docs"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return diff.returncode == 0 and untracked.returncode == 0 and not untracked.stdout.strip()
 
 
 def utc_now() -> str:
