@@ -23,7 +23,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from mia.models.chat_template import TOOLS_INTRO, TOOLS_OUTRO
+# Qwen2.5's tool block, under this module's names of it: the warm-start data fingerprint hashes
+# the module's constants by name (mia.apps.warm_fingerprints).
+from mia.models.chat_template import TOOLS_INTRO as _TOOLS_INTRO
+from mia.models.chat_template import TOOLS_OUTRO as _TOOLS_OUTRO
 from mia.trace import REVISED_PLAN_MARKER, REVISED_PLAN_TEMPLATE
 
 # The placeholder an image content part replaces (question images and image-search results).
@@ -31,7 +34,7 @@ IMAGE_TOKEN = "<image>"
 
 SYSTEM_ROLE = "You are a helpful assistant."
 
-# Qwen2.5's tool block (TOOLS_INTRO, TOOLS_OUTRO), then our one-call rule.
+# After Qwen2.5's tool block, our one-call rule.
 ONE_CALL_RULE = "\n\nCall one function at a time and wait for its result before you continue."
 
 _WORKFLOW = (
@@ -91,7 +94,7 @@ def system_prompt(tool_schemas: Sequence[dict[str, Any]], role: str = SYSTEM_ROL
     if not tool_schemas:
         return role
     lines = "".join("\n" + json.dumps(s, ensure_ascii=False) for s in tool_schemas)
-    return role + TOOLS_INTRO + lines + TOOLS_OUTRO + ONE_CALL_RULE
+    return role + _TOOLS_INTRO + lines + _TOOLS_OUTRO + ONE_CALL_RULE
 
 
 def plan_block(plan: str | None) -> str:
