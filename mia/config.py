@@ -31,7 +31,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +50,14 @@ def option(default: Any, help: str) -> Any:
             default_factory=lambda: copy.deepcopy(default), metadata={"help": help}
         )
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def check_known(schema: type, keys: Iterable[str], what: str) -> None:
+    """Raise ``unknown <what> option(s): a, b`` for the ``keys`` that name no field of the
+    dataclass ``schema``."""
+    unknown = sorted(set(keys) - {f.name for f in dataclasses.fields(schema)})
+    if unknown:
+        raise MiaError(f"unknown {what} option(s): {', '.join(unknown)}")
 
 
 def section(factory: Callable[[], Any], help: str) -> Any:

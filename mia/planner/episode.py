@@ -29,6 +29,7 @@ from typing import Any
 
 from mia.agent import TokenPolicy
 from mia.agent.trajectory import ASSISTANT
+from mia.config import check_known
 from mia.errors import MiaError
 from mia.planner.flow import Executor, FlowConfig, PlannerFlow, PlannerRun, Task
 from mia.planner.planners import IMAGE_VARIANTS, ConversationPlanner, NoPlanner, TurnLimits
@@ -38,19 +39,10 @@ from mia.services.serve import ExecuteResponse
 
 
 @dataclass
-class PlannerEpisodeConfig:
-    """The ``episode`` section of configs/planner_train (and ttrl, ttrl_streaming)."""
+class PlannerEpisodeConfig(TurnLimits):
+    """The ``episode`` section of configs/planner_train (and ttrl, ttrl_streaming): the turn
+    limits (:class:`TurnLimits`, its fields first) and the episode's own options."""
 
-    max_context: int = field(
-        default=32768, metadata={"help": "tokens of the whole planner conversation"}
-    )
-    plan_max_tokens: int = field(default=1024, metadata={"help": "tokens of the plan turn"})
-    decision_max_tokens: int = field(
-        default=256, metadata={"help": "tokens of the yes/no reflection turn"}
-    )
-    replan_max_tokens: int = field(
-        default=512, metadata={"help": "tokens of the supplementary plan turn"}
-    )
     min_generation_tokens: int = field(
         default=8, metadata={"help": "a turn that cannot get this many tokens ends the episode"}
     )
@@ -81,9 +73,7 @@ class PlannerEpisodeConfig:
         if isinstance(data, cls):
             return data
         data = dict(data or {})
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise MiaError(f"unknown planner episode option(s): {', '.join(unknown)}")
+        check_known(cls, data, "planner episode")
         cfg = cls(**data)
         if cfg.image_variant not in IMAGE_VARIANTS:
             raise MiaError("episode.image_variant must be auto, text or image")
@@ -91,13 +81,8 @@ class PlannerEpisodeConfig:
         return cfg
 
     def limits(self) -> TurnLimits:
-        return TurnLimits(
-            max_context=self.max_context,
-            plan_max_tokens=self.plan_max_tokens,
-            decision_max_tokens=self.decision_max_tokens,
-            replan_max_tokens=self.replan_max_tokens,
-            min_generation_tokens=self.min_generation_tokens,
-        ).validate()
+        """The turn limits alone, checked."""
+        return TurnLimits(**{f.name: getattr(self, f.name) for f in fields(TurnLimits)}).validate()
 
     def flow(self) -> FlowConfig:
         return FlowConfig(

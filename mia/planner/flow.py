@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mia.config import check_known
 from mia.errors import MiaError
 from mia.judge.panel import truncate_middle
 from mia.llm.think import text_after_think
@@ -72,9 +73,7 @@ class FlowConfig:
         if isinstance(data, cls):
             return data
         data = dict(data or {})
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise MiaError(f"unknown flow option(s): {', '.join(unknown)}")
+        check_known(cls, data, "flow")
         cfg = cls(**data)
         if cfg.max_replans < 0:
             raise MiaError("flow.max_replans must be >= 0")

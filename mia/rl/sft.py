@@ -32,14 +32,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from mia.config import add_help_config
+from mia.config import add_help_config, check_known
 from mia.errors import MiaError
 from mia.paths import CONFIG_ROOT, atomic_write_text, resolve_run_dir
 from mia.rl.metrics import LoggingConfig, MetricsLogger
@@ -161,17 +161,12 @@ class SftConfig:
             return data.validate()
         raw = plain_config(data)
         raw.pop("defaults", None)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise MiaError(f"unknown sft option(s): {', '.join(unknown)}")
+        check_known(cls, raw, "sft")
         kwargs = dict(raw)
         kwargs["logging"] = LoggingConfig.from_dict(raw.get("logging"))
         kwargs["policy"] = PolicyConfig.from_dict(raw.get("policy") or {})
         workers = dict(raw.get("workers") or {})
-        bad = sorted(set(workers) - {f.name for f in fields(WorkersConfig)})
-        if bad:
-            raise MiaError(f"unknown workers option(s): {', '.join(bad)}")
+        check_known(WorkersConfig, workers, "workers")
         kwargs["workers"] = WorkersConfig(**{"mode": "single_process", **workers})
         data_raw = dict(raw.get("data") or {})
         for key in ("train", "val", "fields"):
