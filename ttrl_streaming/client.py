@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
+from mia.cli_support import cli_errors
 from mia.errors import MiaError
 from mia.services import RewardClient
 from mia.services.streaming import StreamingClient
@@ -246,13 +247,8 @@ def main(
 
 
 def run() -> None:
-    try:
+    with cli_errors("ttrl_streaming.client", interrupted=False):
         main()
-    except MiaError as err:
-        print(f"ttrl_streaming.client: error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(err.exit_code) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -372,6 +372,16 @@ def _flag(value: str | None) -> bool:
     return str(value).lower() in ("1", "true", "yes", "on")
 
 
+def _submit_request(data: Any) -> SubmitRequest:
+    """``data`` as a :class:`SubmitRequest`; else a 422 naming the first problem's field."""
+    try:
+        return SubmitRequest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise ApiError(422, f"{loc or 'body'}: {first.get('msg', 'invalid')}") from None
+
+
 def _reference_body(data: Mapping[str, Any], key: str) -> dict[str, Any]:
     """A reference ``{key: <collated batch>, epoch, finish, flush_partial}`` as our request."""
     try:
@@ -427,12 +437,7 @@ def create_streaming_app(
             raise ApiError(422, "the body must be a JSON object")
         if "rollout" in data:  # the reference client's body
             data = _reference_body(data, "rollout")
-        try:
-            req = SubmitRequest.model_validate(data)
-        except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()))
-            raise ApiError(422, f"{loc or 'body'}: {first.get('msg', 'invalid')}") from None
+        req = _submit_request(data)
         if req.samples is None and req.rollouts is None and not (req.finish or req.flush_partial):
             raise ApiError(422, "send samples or rollouts (or finish / flush_partial)")
         return await run_in_threadpool(server.submit, req)
@@ -442,12 +447,7 @@ def create_streaming_app(
         """``{"batch": <collated batch>, "epoch", "finish"}``: roll out its questions, then train
         on everything buffered (partial groups included, as ``flush_partial``)."""
         data = _reference_body({**body, "flush_partial": True}, "batch")
-        try:
-            req = SubmitRequest.model_validate(data)
-        except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()))
-            raise ApiError(422, f"{loc or 'body'}: {first.get('msg', 'invalid')}") from None
+        req = _submit_request(data)
         return await run_in_threadpool(server.submit, req)
 
     @app.post("/streaming/register_images", summary="a question's image, by data_id")
