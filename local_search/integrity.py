@@ -25,18 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import file_sha256
 
 EDGE_BYTES = 64 * 1024
-CHUNK = 4 * 1024 * 1024
 VERIFY_MODES = ("fast", "full")
-
-
-def full_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def edges_sha256(path: Path) -> str:
@@ -56,7 +48,7 @@ def file_record(path: Path) -> dict[str, Any]:
     return {
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
-        "sha256": full_sha256(path),
+        "sha256": file_sha256(path),
         "edges_sha256": edges_sha256(path),
     }
 
@@ -84,7 +76,7 @@ def verify_file(index_dir: Path, name: str, rec: dict[str, Any], mode: str, show
             raise _corrupt(shown, name, "does not match its recorded checksum (first/last 64 KiB)")
         if st.st_mtime_ns == rec.get("mtime_ns"):
             return False
-    if full_sha256(path) != rec.get("sha256"):
+    if file_sha256(path) != rec.get("sha256"):
         raise _corrupt(shown, name, "does not match its recorded sha256")
     return True
 

@@ -8,6 +8,7 @@ folder that is renamed into place only when complete, so a crash never leaves a 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -35,6 +36,15 @@ def mia_home() -> Path:
     root = home_path()
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 hex digest of a file's bytes (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def resolve_run_dir(configured: str | os.PathLike[str] | None, prefix: str) -> Path:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 # The Executor-side wrapper of a supplementary plan (docs/reference.md §5, "Replan delivery").
@@ -62,6 +62,14 @@ def content_text(content: Any) -> str:
                     pieces.append("<image>")
         return "".join(pieces)
     return str(content)
+
+
+def content_parts(messages: Iterable[Mapping[str, Any]]) -> Iterator[Any]:
+    """The parts of every message whose ``content`` is a list of parts, in order."""
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            yield from content
 
 
 def truncate_words(text: str, max_words: int | None) -> str:

@@ -18,6 +18,7 @@ from PIL import Image
 
 from mia.llm.base import Message
 from mia.prompts.executor import IMAGE_TOKEN
+from mia.trace import content_parts
 from mia.vision import ImageError, ImageSource, load_image
 
 IMAGE_FORMATS = ("PNG", "JPEG")
@@ -89,16 +90,12 @@ def message_images(messages: Sequence[Message]) -> list[Image.Image]:
     """The images of a conversation in order (parts with data URLs or base64; placeholders
     without data raise)."""
     out = []
-    for m in messages:
-        content = m.get("content")
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            if is_image_part(part):
-                url = part_url(part)
-                if url is None:
-                    raise ImageError("an image part has no data (fill it from 'images' first)")
-                out.append(load_image(url))
+    for part in content_parts(messages):
+        if is_image_part(part):
+            url = part_url(part)
+            if url is None:
+                raise ImageError("an image part has no data (fill it from 'images' first)")
+            out.append(load_image(url))
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mia.errors import MiaError
+from mia.paths import file_sha256
 
 MARKER = "mia-model.json"
 # Bump when the way gold data is made changes in a way the fingerprint below cannot see.
@@ -100,11 +101,7 @@ def base_fingerprint(model_dir: str | Path) -> dict[str, Any]:
     files = {}
     for f in sorted(folder.iterdir()):
         if f.is_file() and not f.name.startswith("."):
-            h = hashlib.sha256()
-            with f.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    h.update(chunk)
-            files[f.name] = h.hexdigest()
+            files[f.name] = file_sha256(f)
     if "config.json" not in files:
         raise MiaError(f"warm start: base model folder has no config.json: {folder}")
     return {"files": files}

@@ -14,7 +14,6 @@ pyarrow build: PNG and parquet encoders are deterministic but versions may diffe
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from tqdm import tqdm
 from mia.data.formats import QAItem, write_jsonl_qa, write_parquet_qa
 from mia.data.world_lexicon import seed_ranges
 from mia.errors import MiaError
-from mia.paths import atomic_dir
+from mia.paths import atomic_dir, file_sha256
 
 if TYPE_CHECKING:
     from mia.data.world import Question, World
@@ -71,14 +70,6 @@ def _write_cache(world: World, root: Path, show: bool) -> None:
         (folder / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
         for k, r in enumerate(results):
             (folder / f"img_{k:03d}.png").write_bytes(r.png)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_target(out_dir: Path) -> None:
@@ -126,7 +117,7 @@ def write_world(
                 },
                 "image_cache_entries": len(world.image_search),
             },
-            "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
+            "files": {p.relative_to(tmp).as_posix(): file_sha256(p) for p in files},
         }
         if not world.lexicon.legacy:
             # Drawn worlds say how they word things, conventions included (docs/world.md).

@@ -20,7 +20,6 @@ caller-provided strings (e.g. the recipe key).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -31,19 +30,11 @@ from typing import Any
 import torch
 
 from mia.errors import MiaError
-from mia.paths import atomic_dir
+from mia.paths import atomic_dir, file_sha256
 
 FORMAT = "mia-delta-adapter/1"
 WEIGHTS = "model.safetensors"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -104,7 +95,7 @@ def extract_adapter(
         "format": FORMAT,
         "rank": str(rank),
         "dtype": dtype,
-        "base_sha256": _sha256(Path(base) / WEIGHTS),
+        "base_sha256": file_sha256(Path(base) / WEIGHTS),
         **{str(k): str(v) for k, v in (metadata or {}).items()},
     }
     path = Path(out)
@@ -151,7 +142,7 @@ def apply_adapter(
 
     base_dir = Path(base)
     tensors, meta = read_adapter(adapter)
-    if check_base and meta.get("base_sha256") != _sha256(base_dir / WEIGHTS):
+    if check_base and meta.get("base_sha256") != file_sha256(base_dir / WEIGHTS):
         raise MiaError(f"{adapter}: made for another base model than {base_dir}")
     if dtype not in _DTYPES:
         raise MiaError(f"adapter: dtype must be one of {', '.join(_DTYPES)}")

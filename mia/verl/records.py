@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mia.agent.trajectory import Trajectory
-from mia.trace import content_text
+from mia.trace import content_parts, content_text
 
 
 def as_golds(ground_truth: Any) -> list[str]:
@@ -36,17 +36,13 @@ def prompt_images(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
     """The images veRL's dataset placed in ``raw_prompt`` (``{"type": "image", "image": ...}``
     parts: PIL images, paths or bytes), in order."""
     out = []
-    for m in messages:
-        content = m.get("content")
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "image":
-                image = part.get("image")
-                if image is None and part.get("bytes") is not None:
-                    image = part["bytes"]
-                if image is not None:
-                    out.append(image)
+    for part in content_parts(messages):
+        if isinstance(part, Mapping) and part.get("type") == "image":
+            image = part.get("image")
+            if image is None and part.get("bytes") is not None:
+                image = part["bytes"]
+            if image is not None:
+                out.append(image)
     return out
 
 
