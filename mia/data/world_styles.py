@@ -191,12 +191,7 @@ class DrawnPassageWriter(PassageWriter):
         sentences = [located, founded, river]
         if self.narrative:
             sentences = [f"Visitors to {c.name} find a {cn} with a long past.", *sentences]
-        if country.attrs["capital"] == c.id:
-            sentences.append(f"It is the capital of {country.name}.")
-        if region.attrs["seat"] == c.id:
-            sentences.append(f"It is the administrative seat of {region.name}.")
-        sentences += self._fill("city", 1)
-        return " ".join(sentences), [region.id, country.id]
+        return self._city_end(c, region, country, sentences)
 
     def _region(self, r: Entity) -> tuple[str, list[str]]:
         a = r.attrs

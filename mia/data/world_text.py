@@ -189,6 +189,13 @@ class PassageWriter:
             f"It was founded in {a['founded']} and has a population of {format_number(a['population'])}.",
             f"{c.name} lies on the {a['river']} at an elevation of {a['elevation']} metres.",
         ]
+        return self._city_end(c, region, country, sentences)
+
+    def _city_end(
+        self, c: Entity, region: Entity, country: Entity, sentences: list[str]
+    ) -> tuple[str, list[str]]:
+        """A city's passage from its opening ``sentences``: then whether it is its country's
+        capital and its region's seat, and one filler sentence."""
         if country.attrs["capital"] == c.id:
             sentences.append(f"It is the capital of {country.name}.")
         if region.attrs["seat"] == c.id:
