@@ -384,6 +384,38 @@ def embedded_fingerprint() -> dict[str, Any]:
     return {"marker": marker}
 
 
+def _write_marker(
+    folder: Path,
+    *,
+    role: str,
+    key: str,
+    base: Path,
+    data: dict[str, Any],
+    source: str,
+    steps: int | None,
+    val_loss: tuple[float | None, float | None],
+    started: float,
+) -> None:
+    """Write the marker of a built warm-start folder: what made it (recipe key, base, gold
+    data, source), its SFT steps and validation loss (start, end), and when (``started``: the
+    build's ``time.monotonic()``)."""
+    marker = {
+        "recipe": RECIPE,
+        "role": role,
+        "key": key,
+        "base": str(base),
+        "base_fingerprint": base_fingerprint(base),
+        "data": data,
+        "source": source,
+        "steps": steps,
+        "val_loss_start": val_loss[0],
+        "val_loss_end": val_loss[1],
+        "seconds": round(time.monotonic() - started, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(folder / MARKER, json.dumps(marker, indent=2) + "\n")
+
+
 def _from_adapter(
     role: str, adapter: Path, base: Path, key: str, target: Path, data: dict[str, Any], emit: Log
 ) -> None:
@@ -393,21 +425,17 @@ def _from_adapter(
     emit(f"warm start [{role}]: the package ships this recipe's adapter: {adapter.name}")
     _, meta = read_adapter(adapter)
     apply_adapter(base, adapter, target, dtype="float32")
-    marker = {
-        "recipe": RECIPE,
-        "role": role,
-        "key": key,
-        "base": str(base),
-        "base_fingerprint": base_fingerprint(base),
-        "data": data,
-        "source": f"shipped adapter {adapter.name}",
-        "steps": meta.get("steps"),
-        "val_loss_start": meta.get("val_loss_start"),
-        "val_loss_end": meta.get("val_loss_end"),
-        "seconds": round(time.monotonic() - started, 1),
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    atomic_write_text(target / MARKER, json.dumps(marker, indent=2) + "\n")
+    _write_marker(
+        target,
+        role=role,
+        key=key,
+        base=base,
+        data=data,
+        source=f"shipped adapter {adapter.name}",
+        steps=meta.get("steps"),
+        val_loss=(meta.get("val_loss_start"), meta.get("val_loss_end")),
+        started=started,
+    )
     emit(f"warm start [{role}]: ready in {time.monotonic() - started:.0f} s: {target}")
 
 
@@ -562,22 +590,18 @@ def _build(
             sft.export = True
             result = train_sft(sft, say=emit)
             tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is readable
-            marker = {
-                "recipe": RECIPE,
-                "role": role,
-                "key": key,
-                "base": str(base),
-                "base_fingerprint": base_fingerprint(base),
-                "data": recipe.fingerprint(),
-                "source": "trained",
-                "steps": result.steps,
-                "val_loss_start": result.val_loss_start,
-                "val_loss_end": result.val_loss_end,
-                "seconds": round(time.monotonic() - started, 1),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
             # Written last: a folder without it is never trusted.
-            atomic_write_text(tmp / MARKER, json.dumps(marker, indent=2) + "\n")
+            _write_marker(
+                tmp,
+                role=role,
+                key=key,
+                base=base,
+                data=recipe.fingerprint(),
+                source="trained",
+                steps=result.steps,
+                val_loss=(result.val_loss_start, result.val_loss_end),
+                started=started,
+            )
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     emit(f"warm start [{role}]: done in {time.monotonic() - started:.0f} s: {target}")
