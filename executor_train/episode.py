@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mia.agent import AgentConfig, Tool, ToolSet, Trajectory
-from mia.errors import MiaError
 from mia.judge.base import Judge
 from mia.planner.executor_rollout import (
     LoopExecutor,
@@ -28,6 +27,7 @@ from mia.planner.executor_rollout import (
     run_executor_rollout,
 )
 from mia.rewards import ExecutorRewardConfig, executor_reward, load_reward_config
+from mia.rewards.grading import sample_golds
 from mia.rl.episode import AgentEpisode, Rollout
 from mia.services import MemoryClient
 
@@ -102,9 +102,7 @@ class ExecutorReward:
     async def __call__(
         self, sample: Mapping[str, Any], traj: Trajectory
     ) -> tuple[float, dict[str, Any]]:
-        golds = list(sample.get("golds") or [])
-        if not golds:
-            raise MiaError(f"sample {sample.get('data_id')!r} has no ground-truth answer")
+        golds = sample_golds(sample)
         return await executor_reward(
             traj, golds, self.judge, self.cfg, first_correct=traj.state.get("first_correct")
         )

@@ -9,10 +9,11 @@ must not turn into a stream of zero rewards.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mia.errors import MiaError
 from mia.judge.base import Judge
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -30,6 +31,14 @@ class Graded:
     @property
     def acc(self) -> float:
         return 1.0 if self.correct else 0.0
+
+
+def sample_golds(sample: Mapping[str, Any]) -> list[Any]:
+    """A training sample's gold answers (``golds``); a sample without one is a MiaError."""
+    golds = list(sample.get("golds") or [])
+    if not golds:
+        raise MiaError(f"sample {sample.get('data_id')!r} has no ground-truth answer")
+    return golds
 
 
 def word_count(text: str) -> int:

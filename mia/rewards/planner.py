@@ -30,7 +30,7 @@ from mia.judge.base import Judge, as_golds
 from mia.llm.think import text_after_think
 from mia.prompts.planner import parse_decision
 from mia.rewards.config import PlannerRewardConfig, load_reward_config
-from mia.rewards.grading import answer_from_trace, grade
+from mia.rewards.grading import answer_from_trace, grade, sample_golds
 from mia.services import RewardClient
 from mia.trace import content_text, evidence_in_trace
 
@@ -179,9 +179,7 @@ class PlannerReward:
     async def __call__(
         self, sample: Mapping[str, Any], rollout: Any
     ) -> tuple[float, dict[str, Any]]:
-        golds = list(sample.get("golds") or [])
-        if not golds:
-            raise MiaError(f"sample {sample.get('data_id')!r} has no ground-truth answer")
+        golds = sample_golds(sample)
         return await planner_reward(rollout.record, golds, self.judge, self.cfg)
 
 
