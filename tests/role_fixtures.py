@@ -6,9 +6,10 @@ behind serve, the Manager's summaries, the panel judge)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,23 @@ def question_of(messages: list[Message]) -> str:
             found = re.search(r"Question: (.*?)\n", text)
             return found.group(1).strip() if found else ""
     return ""
+
+
+@contextlib.contextmanager
+def search_service(root: Path, passages: Iterable[Mapping[str, Any]]) -> Iterator[str]:
+    """local_search (BM25) over ``passages`` (``{"id", "contents"}`` rows), its corpus and index
+    written under ``root``; yields the server's URL."""
+    from local_search import ServeConfig, build_index, open_index
+    from local_search.server import create_search_app
+
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in passages))
+    build_index(corpus, root / "idx", method="bm25")
+    with (
+        open_index(root / "idx") as index,
+        ServerThread(create_search_app(index, ServeConfig())) as url,
+    ):
+        yield url
 
 
 @contextlib.contextmanager

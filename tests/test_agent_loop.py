@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import torch
 from PIL import Image
+from role_fixtures import search_service
 
-from local_search import build_index, open_index
-from local_search.server import create_search_app
 from mia.agent import (
     AgentConfig,
     ChatPolicy,
@@ -61,19 +60,9 @@ def search_call(*queries: str) -> str:
 
 @pytest.fixture(scope="module")
 def search_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("search")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": f"d{i}", "contents": f"{t}\n{x}"}) + "\n"
-            for i, (t, x) in enumerate(PASSAGES)
-        )
-    )
-    build_index(corpus, root / "idx", "bm25")
-    retriever = open_index(root / "idx")
-    with ServerThread(create_search_app(retriever)) as url:
+    rows = [{"id": f"d{i}", "contents": f"{t}\n{x}"} for i, (t, x) in enumerate(PASSAGES)]
+    with search_service(tmp_path_factory.mktemp("search"), rows) as url:
         yield url
-    retriever.close()
 
 
 @pytest.fixture

@@ -20,15 +20,13 @@ from role_fixtures import (
     memory_service,
     record_rewards,
     scores_by_question,
+    search_service,
 )
 
 from executor_train.config import load_config
 from executor_train.train import build_trainer
-from local_search import ServeConfig, build_index, open_index
-from local_search.server import create_search_app
 from mia.data.formats import QAItem, write_parquet_qa
 from mia.errors import MiaError
-from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
 from mia.prompts import planner as planner_text
 from mia.prompts.planner import replan_train_messages
@@ -88,14 +86,7 @@ class ExecutorScript:
 
 @pytest.fixture(scope="module")
 def search_url(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("search")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(p) + "\n" for p in PASSAGES))
-    build_index(corpus, root / "idx", method="bm25")
-    with (
-        open_index(root / "idx") as index,
-        ServerThread(create_search_app(index, ServeConfig())) as url,
-    ):
+    with search_service(tmp_path_factory.mktemp("search"), PASSAGES) as url:
         yield url
 
 

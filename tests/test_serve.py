@@ -15,9 +15,8 @@ from typing import Any
 import httpx
 import pytest
 from PIL import Image
+from role_fixtures import search_service
 
-from local_search import build_index, open_index
-from local_search.server import create_search_app
 from mia.agent import AgentConfig, build_tools
 from mia.agent.images import to_data_url
 from mia.http import ServerThread, bind_socket, wait_for_port_file
@@ -57,19 +56,9 @@ def executor_reply(messages: list[dict[str, Any]]) -> str:
 
 @pytest.fixture(scope="module")
 def search_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    root = tmp_path_factory.mktemp("search")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": i, "contents": f"{t}\n{x}"}) + "\n"
-            for i, (t, x) in enumerate(PASSAGES)
-        )
-    )
-    build_index(corpus, root / "idx", "bm25")
-    retriever = open_index(root / "idx")
-    with ServerThread(create_search_app(retriever)) as url:
+    rows = [{"id": i, "contents": f"{t}\n{x}"} for i, (t, x) in enumerate(PASSAGES)]
+    with search_service(tmp_path_factory.mktemp("search"), rows) as url:
         yield url
-    retriever.close()
 
 
 @pytest.fixture(scope="module")

@@ -44,13 +44,15 @@ except Exception as exc:  # ImportError, or veRL's own imports failing beside ou
     )
 
 from PIL import Image
-from role_fixtures import ScriptedGenerator, executor_service, memory_service
+from role_fixtures import (
+    ScriptedGenerator,
+    executor_service,
+    memory_service,
+    search_service,
+)
 from verl_recipes import CONFIG_DIR, compose
 
-from local_search import ServeConfig, build_index, open_index
-from local_search.server import create_search_app
 from mia.data.formats import QAItem, write_jsonl_qa
-from mia.http import ServerThread
 from mia.llm.base import SamplingParams
 from mia.llm.scripted import ScriptedChat
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2, tiny_qwen25vl
@@ -192,14 +194,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> dict[str, Path
 
 @pytest.fixture(scope="module")
 def search_url(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("search")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(p) + "\n" for p in PASSAGES))
-    build_index(corpus, root / "idx", method="bm25")
-    with (
-        open_index(root / "idx") as index,
-        ServerThread(create_search_app(index, ServeConfig())) as url,
-    ):
+    with search_service(tmp_path_factory.mktemp("search"), PASSAGES) as url:
         yield url
 
 
