@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fake_serper import FakeSerper, organic
+from gateway_fixtures import live_clients, quick_settings
 
 from mia.errors import MiaError
 from mia.http import ServerThread, wait_for_port_file
@@ -60,34 +61,18 @@ Gateway = Callable[..., httpx.Client]
 @pytest.fixture
 def gateway(fake_url: str, tmp_path: Path) -> Iterator[Gateway]:
     """``gateway(key=..., token=..., clock=..., **config)`` -> an httpx client on a live app."""
-    threads: list[ServerThread] = []
-    clients: list[httpx.Client] = []
+    with live_clients(timeout=30) as open_app:
 
-    def start(
-        *, key: str | None = KEY, token: str | None = None, clock=None, **overrides
-    ) -> httpx.Client:
-        settings = {
-            "serper_url": fake_url,
-            "cache_path": str(tmp_path / "cache.sqlite"),
-            "rate_limit_qps": 0.0,
-            "timeout_s": 5.0,
-            "backoff_base_s": 0.001,
-            "backoff_max_s": 0.01,
-            **overrides,
-        }
-        extra = {"clock": clock} if clock is not None else {}
-        app = build_app(WebToolsConfig(**settings), serper_key=key, token=token, **extra)
-        thread = ServerThread(app)
-        threads.append(thread)
-        client = httpx.Client(base_url=thread.start(), timeout=30)
-        clients.append(client)
-        return client
+        def start(
+            *, key: str | None = KEY, token: str | None = None, clock=None, **overrides
+        ) -> httpx.Client:
+            settings = {"serper_url": fake_url, **quick_settings(tmp_path), **overrides}
+            extra = {"clock": clock} if clock is not None else {}
+            return open_app(
+                build_app(WebToolsConfig(**settings), serper_key=key, token=token, **extra)
+            )
 
-    yield start
-    for client in clients:
-        client.close()
-    for thread in threads:
-        thread.stop()
+        yield start
 
 
 def expected_results(query: str, n: int) -> list[dict]:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from fake_serper import FakeSerper
 from fake_web import ARTICLE_MARKDOWN, COLOURS, IMAGE_SIZE, FakeWeb
+from gateway_fixtures import live_clients, quick_settings
 from PIL import Image
 
 from mia.http import ServerThread
@@ -103,35 +104,23 @@ def gateway(
 ) -> Iterator[Gateway]:
     web[0].reset()
     serper[0].reset()
-    threads: list[ServerThread] = []
-    clients: list[httpx.Client] = []
+    with live_clients(timeout=60) as open_app:
 
-    def start(*, ddgs: FakeDdgs | None = None, key: str | None = KEY, **overrides) -> httpx.Client:
-        settings = {
-            "serper_url": f"{serper[1]}/search",
-            "serper_images_url": f"{serper[1]}/images",
-            "cache_path": str(tmp_path / "cache.sqlite"),
-            "rate_limit_qps": 0.0,
-            "timeout_s": 5.0,
-            "backoff_base_s": 0.001,
-            "backoff_max_s": 0.01,
-            # The fake web listens on loopback, which fetches refuse unless allow-listed: open
-            # exactly its port (tests/test_ssrf.py checks the refusal itself).
-            "fetch_allow_hosts": [web[1].removeprefix("http://")],
-            **overrides,
-        }
-        app = build_app(WebToolsConfig(**settings), serper_key=key, ddgs_call=ddgs)
-        thread = ServerThread(app)
-        threads.append(thread)
-        client = httpx.Client(base_url=thread.start(), timeout=60)
-        clients.append(client)
-        return client
+        def start(
+            *, ddgs: FakeDdgs | None = None, key: str | None = KEY, **overrides
+        ) -> httpx.Client:
+            settings = {
+                "serper_url": f"{serper[1]}/search",
+                "serper_images_url": f"{serper[1]}/images",
+                **quick_settings(tmp_path),
+                # The fake web listens on loopback, which fetches refuse unless allow-listed:
+                # open exactly its port (tests/test_ssrf.py checks the refusal itself).
+                "fetch_allow_hosts": [web[1].removeprefix("http://")],
+                **overrides,
+            }
+            return open_app(build_app(WebToolsConfig(**settings), serper_key=key, ddgs_call=ddgs))
 
-    yield start
-    for client in clients:
-        client.close()
-    for thread in threads:
-        thread.stop()
+        yield start
 
 
 def check_envelope(body: dict[str, Any], tool: str, cache: str) -> dict[str, Any]:
