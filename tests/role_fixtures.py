@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from mia.http import ServerThread
 from mia.llm.base import ChatResult, Message, SamplingParams
 from mia.llm.scripted import ScriptedChat
@@ -99,6 +101,28 @@ def memory_service(
     try:
         with ServerThread(build_app(service)) as url:
             yield url, service
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def memory_client(
+    cfg: Any, store: Any, manager: Any = None, planner: Any = None, *, token: str | None = None
+) -> Iterator[tuple[httpx.Client, Any]]:
+    """memory_serve (``cfg``) over ``store`` on a real server and an httpx client on it (with
+    ``token`` as its bearer token, when given); yields the client and the service. The store is
+    closed at the end."""
+    from memory_serve.app import build_app
+    from memory_serve.service import MemoryService
+
+    service = MemoryService(cfg, store, manager, planner)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with (
+            ServerThread(build_app(service, token=token)) as url,
+            httpx.Client(base_url=url, timeout=60, headers=headers) as client,
+        ):
+            yield client, service
     finally:
         store.close()
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from role_fixtures import memory_client
 
-from memory_serve.app import build_app
 from memory_serve.config import StoreConfig, load_config
 from memory_serve.records import NewMemory
 from memory_serve.scoring import combined_score, minmax, mixed_similarity, rank
@@ -24,7 +24,7 @@ from memory_serve.service import MemoryService
 from memory_serve.store import MemoryStore
 from mia.embedding import shared_embedder
 from mia.errors import MiaError
-from mia.http import ServerThread, session_cookie_name, session_value
+from mia.http import session_cookie_name, session_value
 
 TOKEN = "t0ken-for-tests"
 
@@ -62,16 +62,8 @@ def running(
         ],
     )
     store = MemoryStore(tmp_path / "memory.sqlite", embedder or shared_embedder(), cfg.store)
-    service = MemoryService(cfg, store, None)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with (
-            ServerThread(build_app(service, token=token)) as url,
-            httpx.Client(base_url=url, timeout=60, headers=headers) as client,
-        ):
-            yield client, service
-    finally:
-        store.close()
+    with memory_client(cfg, store, token=token) as served:
+        yield served
 
 
 def save(client: httpx.Client, question: str, judgement: str = "correct", **kw) -> dict:

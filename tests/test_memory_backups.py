@@ -21,14 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from role_fixtures import memory_client
 
-from memory_serve.app import build_app
 from memory_serve.config import load_config
 from memory_serve.records import MAX_COUNT, MAX_ID, NewMemory
 from memory_serve.service import MemoryService
 from memory_serve.store import InvalidRecord, MemoryStore, OutOfRange
 from mia.embedding import shared_embedder
-from mia.http import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
 BIG = 2**63 - 1  # SQLite's largest integer: AUTOINCREMENT has nothing left after it
@@ -42,15 +41,8 @@ def running(tmp_path: Path) -> Iterator[tuple[httpx.Client, MemoryService]]:
     cfg = load_config(None, [*overrides, f"persist.allowed_root={tmp_path / 'backups'}"])
     (tmp_path / "backups").mkdir(exist_ok=True)
     store = MemoryStore(tmp_path / LIVE, shared_embedder(), cfg.store)
-    service = MemoryService(cfg, store, None, None)
-    try:
-        with (
-            ServerThread(build_app(service)) as url,
-            httpx.Client(base_url=url, timeout=60) as client,
-        ):
-            yield client, service
-    finally:
-        store.close()
+    with memory_client(cfg, store) as served:
+        yield served
 
 
 def item(question: str, judgement: str = "correct", **fields: Any) -> dict[str, Any]:

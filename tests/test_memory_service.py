@@ -10,15 +10,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from role_fixtures import memory_client
 
-from memory_serve.app import build_app
 from memory_serve.config import load_config
 from memory_serve.records import NewMemory
 from memory_serve.service import MemoryService
 from memory_serve.store import MemoryStore
 from memory_serve.ttrl import seeded_rng
 from mia.embedding import shared_embedder
-from mia.http import ServerThread
 from mia.llm.scripted import ScriptedChat
 from mia.prompts import planner as planner_text
 from mia.prompts.manager import choose_plan_prompt, compress_prompt
@@ -53,16 +52,8 @@ def running(
 ) -> Iterator[tuple[httpx.Client, MemoryService]]:
     cfg = load_config(None, list(overrides))
     store = MemoryStore(tmp_path / db, embedder or shared_embedder(), cfg.store)
-    service = MemoryService(cfg, store, manager, planner)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with (
-            ServerThread(build_app(service, token=token)) as url,
-            httpx.Client(base_url=url, timeout=60, headers=headers) as client,
-        ):
-            yield client, service
-    finally:
-        store.close()
+    with memory_client(cfg, store, manager, planner, token=token) as served:
+        yield served
 
 
 def summariser(messages) -> str:
