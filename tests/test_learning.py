@@ -29,7 +29,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_tool_task import SECRETS, gold_transcripts, make_episode, make_samples, reward, sft_batch
+from toy_tool_task import (
+    SECRETS,
+    gold_transcripts,
+    learning_config,
+    make_episode,
+    make_samples,
+    reward,
+    sft_batch,
+)
 
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
 from mia.rl.policy import PolicyModel
@@ -136,25 +144,8 @@ def test_grpo_lifts_tool_task_success(tmp_path: Path, one_thread) -> None:
     assert warm["p_word"] >= COPY_TARGET - 0.1, warm
     assert warm["p_tool"] <= TOOL_TARGET + 0.1, warm
 
-    cfg = {
-        "model_path": str(tmp_path / "warm"),
-        "run_dir": str(tmp_path / "run"),
-        "seed": 0,
-        "batch_size": 8,
-        "n": 8,
-        "shuffle": False,  # batches of 8 consecutive samples hold each secret once
-        "total_steps": GRPO_MAX_STEPS,
-        "sampling": {"temperature": 1.0, "max_tokens": 24},
-        "policy": {
-            "micro_batch_size": 64,
-            "logprob_micro_batch_size": 64,
-            "optim": {"lr": LR, "weight_decay": 0.0},
-        },
-        "workers": {"mode": "single_process"},
-        "generator": {"max_batch_size": 64},
-        "save_freq": -1,
-        "logging": {"console": False},
-    }
+    # Not shuffled: batches of 8 consecutive samples hold each secret once.
+    cfg = learning_config(tmp_path, total_steps=GRPO_MAX_STEPS, max_tokens=24, lr=LR)
     recent: list[float] = []
 
     def converged(metrics: dict) -> bool:

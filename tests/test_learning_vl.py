@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_image_task import COLOURS, make_episode, make_samples, reward, sft_batch, transcripts
+from toy_image_task import COLOURS, make_episode, make_samples, reward, transcripts
+from toy_tool_task import learning_config, sft_batch
 
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen25vl
 from mia.rl.policy import PolicyModel
@@ -68,25 +69,8 @@ def test_grpo_lifts_image_question_reward(tmp_path: Path, one_thread) -> None:
     policy.export_hf(tmp_path / "warm")
     del policy
 
-    cfg = {
-        "model_path": str(tmp_path / "warm"),
-        "run_dir": str(tmp_path / "run"),
-        "seed": 0,
-        "batch_size": 8,
-        "n": 8,
-        "shuffle": False,  # batches of 8 consecutive samples hold each colour twice
-        "total_steps": GRPO_STEPS,
-        "sampling": {"temperature": 1.0, "max_tokens": 12},
-        "policy": {
-            "micro_batch_size": 64,
-            "logprob_micro_batch_size": 64,
-            "optim": {"lr": 1e-3, "weight_decay": 0.0},
-        },
-        "workers": {"mode": "single_process"},
-        "generator": {"max_batch_size": 64},
-        "save_freq": -1,
-        "logging": {"console": False},
-    }
+    # Not shuffled: batches of 8 consecutive samples hold each colour twice.
+    cfg = learning_config(tmp_path, total_steps=GRPO_STEPS, max_tokens=12, lr=1e-3)
     with Trainer(cfg, make_episode(), reward, train, val_dataset=held_out) as trainer:
         before = trainer.evaluate()
         history = trainer.fit()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_tool_task import make_episode, make_samples
+from toy_tool_task import make_episode, make_samples, step_config
 
 from mia.errors import MiaError
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
@@ -61,25 +61,6 @@ def two_nodes():
             os.environ["RAY_TMPDIR"] = old_tmp
 
 
-def cfg_for(model_dir: Path, run: Path, **workers) -> dict:
-    return {
-        "model_path": str(model_dir),
-        "run_dir": str(run),
-        "seed": 7,
-        "batch_size": 2,
-        "n": 2,
-        "total_steps": 1,
-        "sampling": {"temperature": 1.0, "max_tokens": 6},
-        "policy": {"micro_batch_size": 8, "optim": {"lr": 1e-2}},
-        "workers": {"mode": "single_process", **workers},
-        "generator": {"max_batch_size": 16},
-        "logging": {"console": False},
-        "log_rollouts": 0,
-        "save_freq": -1,
-        "skip_tied_steps": False,
-    }
-
-
 def test_grpo_step_with_one_worker_on_each_of_two_nodes(two_nodes, tmp_path: Path) -> None:
     import ray
 
@@ -93,7 +74,7 @@ def test_grpo_step_with_one_worker_on_each_of_two_nodes(two_nodes, tmp_path: Pat
         ep.cfg.max_turns = 1
         return ep
 
-    with Trainer(cfg_for(model_dir, tmp_path / "one"), episode(), text_reward, data) as t:
+    with Trainer(step_config(model_dir, tmp_path / "one"), episode(), text_reward, data) as t:
         solo = t.fit()
         want = t.policy.state_dict_for_export()
 
@@ -105,7 +86,7 @@ def test_grpo_step_with_one_worker_on_each_of_two_nodes(two_nodes, tmp_path: Pat
         "placement_timeout_s": 120,
     }
     with Trainer(
-        cfg_for(model_dir, tmp_path / "two", **workers), episode(), text_reward, data
+        step_config(model_dir, tmp_path / "two", **workers), episode(), text_reward, data
     ) as t:
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
         info = t.policy.workers_info

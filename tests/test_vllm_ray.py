@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_tool_task import make_episode, make_samples
+from toy_tool_task import make_episode, make_samples, step_config
 
 from mia.llm.base import SamplingParams
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
@@ -137,21 +137,8 @@ def test_trainer_step_syncs_the_actor_in_memory(setup) -> None:
     data = make_samples(2, seed=5)
     episode = make_episode(data)
     episode.cfg.max_turns = 1
-    cfg = {
-        "model_path": str(base),
-        "run_dir": str(root / "trainer"),
-        "seed": 7,
-        "batch_size": 2,
-        "n": 2,
-        "total_steps": 1,
-        "sampling": {"temperature": 1.0, "max_tokens": 6},
-        "policy": {"micro_batch_size": 8, "optim": {"lr": 1e-2}},
-        "workers": {"mode": "ray", "world_size": 1},
-        "logging": {"console": False},
-        "log_rollouts": 0,
-        "save_freq": -1,
-        "skip_tied_steps": False,
-    }
+    cfg = step_config(base, root / "trainer", mode="ray", world_size=1)
+    del cfg["generator"]  # the actor is the generator
 
     def reward(sample, traj):
         return min((traj.final_text or "").count("e"), 4) / 4.0, {}

@@ -17,18 +17,19 @@ exactly the layout of a real rollout.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from toy_tool_task import run_scripted
 
 from mia.agent import ExecutorLoop
 from mia.agent.images import content_with_images, prepare_image
 from mia.data.world_emblem import COLOURS as PALETTE
 from mia.data.world_emblem import SHAPES, Emblem
 from mia.llm.base import ChatResult, SamplingParams
-from mia.rl.episode import AgentEpisode, Rollout, collate
+from mia.rl.episode import AgentEpisode
 
 COLOURS = ["red", "green", "blue", "black"]
 QUESTION = "<image> What colour is the field of this emblem?"
@@ -139,19 +140,9 @@ def transcripts(
     """Trajectories of the real loop answering each sample: the right colour, or with ``guess``
     a random one (the format without the skill)."""
     rng = random.Random(seed)
-    episode = make_episode()
 
-    async def one(sample: Mapping[str, Any]) -> Any:
+    def engine(sample: Mapping[str, Any]) -> ScriptedTokens:
         colour = rng.choice(COLOURS) if guess else str(sample["colour"])
-        engine = ScriptedTokens(tokenizer, hf_config, [answer_text(colour)])
-        return await episode.run(sample, Rollout(generator=engine, sampling=SamplingParams()))
+        return ScriptedTokens(tokenizer, hf_config, [answer_text(colour)])
 
-    async def all_of_them() -> list[Any]:
-        return [await one(s) for s in samples]
-
-    return asyncio.run(all_of_them())
-
-
-def sft_batch(tokenizer: Any, trajectories: list[Any]) -> dict[str, Any]:
-    """A policy batch (response_mask = the assistant's tokens; images as per-sample lists)."""
-    return collate(trajectories, int(tokenizer.pad_token_id))
+    return run_scripted(make_episode(), samples, engine)
