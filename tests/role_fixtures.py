@@ -205,6 +205,21 @@ class ScriptedGenerator:
         return None
 
 
+def one_step(run_dir: Path) -> list[str]:
+    """Trainer overrides of the role-trainer tests: one step of 2 questions x 2 rollouts, in
+    order, rollout errors raised, runs in ``run_dir``, no console."""
+    return [
+        "trainer.batch_size=2",
+        "trainer.n=2",
+        "trainer.total_steps=1",
+        "trainer.shuffle=false",
+        "trainer.rollout_errors=raise",
+        f"trainer.run_dir={run_dir}",
+        "trainer.logging.console=false",
+        "trainer.policy.optim.lr=1e-3",
+    ]
+
+
 def record_rewards(trainer: Any) -> list[tuple[dict, Any, float, dict]]:
     """Wrap ``trainer.reward_fn`` so every ``(sample, trajectory, score, extras)`` it computes
     is appended to the returned list (the assertions read the real rewards)."""

@@ -18,6 +18,7 @@ from role_fixtures import (
     ScriptedGenerator,
     build_tiny_model,
     memory_service,
+    one_step,
     record_rewards,
     scores_by_question,
     search_service,
@@ -133,14 +134,7 @@ def test_one_executor_grpo_step_through_real_services(tmp_path: Path, search_url
                 f"services.memory_url={memory_url}",
                 f"agent.tools.search.params.url={search_url}",
                 "agent.context_budget=3000",
-                "trainer.batch_size=2",
-                "trainer.n=2",
-                "trainer.total_steps=1",
-                "trainer.shuffle=false",
-                "trainer.rollout_errors=raise",
-                f"trainer.run_dir={tmp_path / 'run'}",
-                "trainer.logging.console=false",
-                "trainer.policy.optim.lr=1e-3",
+                *one_step(tmp_path / "run"),
             ],
         )
         from mia.models.tiny import build_tokenizer

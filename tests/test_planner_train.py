@@ -19,6 +19,7 @@ from role_fixtures import (
     build_tiny_model,
     executor_service,
     memory_service,
+    one_step,
     plan_of,
     question_of,
     record_rewards,
@@ -95,14 +96,7 @@ def test_one_planner_grpo_step_through_real_services(tmp_path: Path) -> None:
                 f"data.train={data}",
                 f"services.executor_url={serve_url}",
                 f"services.memory_url={memory_url}",
-                "trainer.batch_size=2",
-                "trainer.n=2",
-                "trainer.total_steps=1",
-                "trainer.shuffle=false",
-                "trainer.rollout_errors=raise",
-                f"trainer.run_dir={tmp_path / 'run'}",
-                "trainer.logging.console=false",
-                "trainer.policy.optim.lr=1e-3",
+                *one_step(tmp_path / "run"),
             ],
         )
         trainer = build_trainer(cfg, generator=gen)
