@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import run_sql
 from role_fixtures import memory_client
 
 from memory_serve.config import load_config
@@ -69,15 +70,6 @@ def snapshot(client: httpx.Client) -> dict[str, Any]:
     }
 
 
-def sql(db: Path, *statements: str) -> None:
-    conn = sqlite3.connect(str(db))
-    try:
-        conn.executescript(";\n".join(statements))
-        conn.commit()
-    finally:
-        conn.close()
-
-
 def rows(db: Path, query: str) -> list[tuple[Any, ...]]:
     conn = sqlite3.connect(str(db))
     try:
@@ -90,7 +82,7 @@ def good_backup(client: httpx.Client, tmp_path: Path) -> Path:
     """The service's own backup of the seeded store, plus a plan pair (copied from memory 1)."""
     client.post("/save_memory", json={"path": "good.sqlite"}).raise_for_status()
     good = tmp_path / "backups" / "good.sqlite"
-    sql(
+    run_sql(
         good,
         "INSERT INTO plan_pairs (question, correct_plan, incorrect_plan, modality, category, "
         "created_at, q_emb, c_emb) SELECT question, 'a', 'b', modality, category, created_at, "
@@ -101,7 +93,7 @@ def good_backup(client: httpx.Client, tmp_path: Path) -> Path:
 
 def craft(good: Path, name: str, *statements: str) -> None:
     shutil.copyfile(good, good.with_name(name))
-    sql(good.with_name(name), *statements)
+    run_sql(good.with_name(name), *statements)
 
 
 def deep(levels: int) -> Any:
@@ -306,7 +298,7 @@ def test_ids_past_the_range_are_renumbered_when_the_store_opens(tmp_path: Path) 
     with running(tmp_path) as (client, _):
         seed(client)
     # A live database as a load before these checks left it: memory 1 at SQLite's last id.
-    sql(
+    run_sql(
         tmp_path / LIVE,
         f"UPDATE memories SET id = {BIG} WHERE id = 1",
         f"UPDATE memory_uses SET memory_id = {BIG} WHERE memory_id = 1",
@@ -335,7 +327,7 @@ def test_an_exhausted_sequence_answers_507_until_a_clear(tmp_path: Path) -> None
         before = snapshot(client)
         # Poisoned while the service runs (another process writing the file); a restart would
         # repair it as well (test_ids_past_the_range_are_renumbered_when_the_store_opens).
-        sql(tmp_path / LIVE, f"UPDATE sqlite_sequence SET seq = {BIG} WHERE name = 'memories'")
+        run_sql(tmp_path / LIVE, f"UPDATE sqlite_sequence SET seq = {BIG} WHERE name = 'memories'")
         r = client.post("/memories", json=item("No id left?", used_memory_ids=[1]))
         full = "the memory database is full (disk space or ids); nothing was written"
         assert_error(r, 507, "storage_full", full)
@@ -374,7 +366,7 @@ def test_a_full_disk_answers_507_and_the_store_stays_writable(tmp_path: Path) ->
 def test_counters_saturate_at_their_bound(tmp_path: Path) -> None:
     with running(tmp_path) as (client, _):
         seed(client)
-    sql(
+    run_sql(
         tmp_path / LIVE,
         f"UPDATE memories SET usage_count = {BIG}, success_count = {BIG} WHERE id = 2",
     )
@@ -444,7 +436,7 @@ def test_extra_is_bounded_on_every_write(tmp_path: Path) -> None:
 def test_reading_a_memory_with_a_crafted_extra_never_fails(tmp_path: Path) -> None:
     with running(tmp_path) as (client, _):
         seed(client)
-    sql(
+    run_sql(
         tmp_path / LIVE,
         f"UPDATE memories SET extra = '{_DEEP}' WHERE id = 1",
         "UPDATE memories SET created_at = 1e308 WHERE id = 2",

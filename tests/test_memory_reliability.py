@@ -28,6 +28,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from helpers import run_sql, stop_process
 
 from mia.http import ServerThread, wait_for_port_file
 
@@ -98,12 +99,7 @@ def service(
         yield svc
     finally:
         if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, timeout=30)
 
 
 def db_rows(db: Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -454,12 +450,7 @@ NOT_A_BACKUP = {"notable", "nocolumn", "meta", "text", "truncated"}
 def _craft(good: Path, out: Path, statements: list[str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(good.read_bytes())
-    conn = sqlite3.connect(str(out))
-    try:
-        conn.executescript(";\n".join(statements))
-        conn.commit()
-    finally:
-        conn.close()
+    run_sql(out, *statements)
 
 
 def _snapshot(db: Path) -> tuple[bytes, bytes, list[tuple[Any, ...]]]:

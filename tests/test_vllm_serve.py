@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import stop_process
 
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
 from mia.rl.dist import find_free_port
@@ -89,11 +90,7 @@ def server(merged: Path, tmp_path_factory):
             time.sleep(2)
         yield base_url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=60)
         log.close()
 
 
