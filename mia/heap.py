@@ -4,11 +4,7 @@ On a CPU, torch allocates tensors with ``malloc``. glibc keeps what is freed in 
 reuse instead of returning it, and a GRPO step frees tensors of many sizes: the rollouts'
 KV caches, then the update's activations and logits. Chunks of one phase's sizes serve the
 next phase's badly, so the process's resident memory climbs step after step although what is
-live stays the same. Measured on the embedded 135M Executor (``experiment=embedded_sft_grpo``,
-8 questions x 4 rollouts a step, 2 cores): 6.4 GiB resident in the first update of a resumed
-run, 12.0 GiB in its fifth; ``malloc_trim(0)`` called from outside brought it from 9.0 to
-2.4 GiB at once. With the trims below the same steps hold 2.7 GiB between steps (docs/rl.md,
-"Memory").
+live stays the same (docs/rl.md, "Memory", has the measurements).
 
 :func:`trim_heap` is called where a phase ends: by the Trainer after each rollout phase and by
 the policy worker after each update. ``malloc_trim`` walks every arena and releases whole free

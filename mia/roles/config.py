@@ -113,7 +113,7 @@ def cpu_trainer(**fields: Any) -> TrainerConfig:
 
 def cpu_planner_trainer(**fields: Any) -> TrainerConfig:
     """:func:`cpu_trainer` for the Planner roles: one sample per backward. Plan prompts with
-    retrieved memories run to ~1,500 tokens, and on a CPU the attention of 4 such samples over
-    SmolLM2's 30 layers held ~16 GB (the demo's TTRL pass was killed for memory on a 24 GB
-    machine); the step covers the same samples (gradient accumulation)."""
+    retrieved memories run to ~1,500 tokens, and on a CPU the attention of several such samples
+    at once needs more memory than a 24 GB machine has; the step covers the same samples
+    (gradient accumulation)."""
     return cpu_trainer(policy=PolicyConfig(micro_batch_size=1), **fields)
