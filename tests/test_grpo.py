@@ -45,7 +45,7 @@ def test_a_tied_group_gets_exactly_zero_advantage_whatever_its_float_mean(
 ) -> None:
     """Eight float32 rewards of 1.05 average to 1.05 - 6e-8; divided by their (tiny) std that
     residue became advantages of about 0.1, so a step whose groups were all tied still moved
-    the policy (TTRL with 8 plans, docs/results.md, "Breaking all-wrong ties"). Tied is
+    the policy (TTRL with 8 plans). Tied is
     tied: exactly 0, so the trainer's skip of signal-free steps sees it."""
     adv = group_advantages(torch.tensor([reward] * n + [0.0, 1.0]), group_ids=[0] * n + [1, 1])
     assert adv[:n].tolist() == [0.0] * n

@@ -68,7 +68,7 @@ class GoldWorldConfig:
     seed: int | list[int] = field(
         default=0,
         metadata={
-            "help": "world seed, or a list of worlds (each world's split, limit questions each); the warm start uses 0, the demo evaluates on 1"
+            "help": "world seed, or a list of worlds (each world's split, limit questions each); the recipes in configs/warm_start name theirs"
         },
     )
     size: str = field(default="default", metadata={"help": "world size: small | default | large"})

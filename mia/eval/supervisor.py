@@ -239,10 +239,8 @@ def service_group(
 def default_threads() -> int:
     """Torch threads per LLM service: every core. The services mostly work in turn (the
     Planner plans, then the Executor runs), and their OpenMP threads wait passively
-    (:func:`thread_env`), so a service alone gets the whole machine. Measured with
-    ``mia demo --no-ttrl`` on 2 cores (float32): none + plan_only + mia took 231 s with one
-    thread per service, 180 s with two (docs/results.md, "The demo in 7 minutes"). Spinning
-    threads were what collapsed throughput before (15 tokens/s with one thread, 3 with two)."""
+    (:func:`thread_env`), so a service alone gets the whole machine; spinning threads would
+    starve the other services."""
     return max(1, os.cpu_count() or 1)
 
 
