@@ -50,8 +50,8 @@ TYPES = ("single_hop", "bridge", "comparison", "convention")
 READINGS = {c.id: c.readings for c in CONVENTIONS}
 # Share of the chats with both positives and negatives (single hop, conventions) shown with the
 # negatives only: early in a test stream a new kind of question has only failures in memory,
-# and a Planner that never saw that case copied the failure's steps (docs/results.md, "Plans
-# from failures only"). The target still reads the right fact: the one the failure did not.
+# and a Planner that never saw that case copies the failure's steps. The target still reads
+# the right fact: the one the failure did not.
 NEGATIVES_ONLY_RATE = 0.5
 # Share of the failed memories shown with the answer that was expected and the search-result
 # sentence that held it, as memory_serve shows failures written with the ground truth
