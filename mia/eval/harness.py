@@ -431,8 +431,6 @@ async def run_policy(
     log_fn: Log | None = None,
 ) -> PolicyResult:
     """Evaluate one policy into ``run_dir`` (resuming what is already there)."""
-    from mia.eval.report import summarize
-
     say = log_fn or (lambda _m: None)
     p = spec(policy)
     memory_url = endpoints.memory_for(policy) if p.needs_memory else None
@@ -474,18 +472,7 @@ async def run_policy(
             baseline.clear()
         elif p.writes and cfg.memory.clear_on_start and memory is not None:
             await memory.clear_memory()
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(
-                total=len(items),
-                initial=done,
-                desc=f"{policy:>9}",
-                unit="q",
-                file=sys.stderr,
-                dynamic_ncols=True,
-                mininterval=1.0 if sys.stderr.isatty() else 10.0,
-            )
+        bar = _progress_bar(policy, len(items), done) if progress else None
         ctx = FlowContext(
             policy=p,
             serve=serve,
@@ -525,16 +512,46 @@ async def run_policy(
         for backend in backends:
             await backend.aclose()
     rows = list(journal.ordered_rows([it.id for it in items]))
-    summary = summarize(rows, policy, judge=getattr(judge, "name", "?"))
+    summary = _summary(rows, journal, policy, judge, cfg, run_dir)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
+    if baseline_stats is not None:
+        summary["baseline"] = baseline_stats
+    return PolicyResult(policy, run_dir, rows, summary)
+
+
+def _progress_bar(policy: str, total: int, done: int) -> Any:
+    """A tqdm bar on stderr (a line every 10 s when stderr is not a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=done,
+        desc=f"{policy:>9}",
+        unit="q",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=1.0 if sys.stderr.isatty() else 10.0,
+    )
+
+
+def _summary(
+    rows: list[dict[str, Any]],
+    journal: RunJournal,
+    policy: str,
+    judge: Judge,
+    cfg: EvalConfig,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """The policy's summary (:func:`mia.eval.report.summarize`) with its memory writes."""
+    from mia.eval.report import summarize
+
+    summary = summarize(rows, policy, judge=getattr(judge, "name", "?"))
     receipts = [journal.receipts[r["id"]] for r in rows if r["id"] in journal.receipts]
     summary["memories_written"] = sum(1 for x in receipts if x.get("memory_id") is not None)
     summary["memory_write_errors"] = sum(1 for x in receipts if x.get("memory_id") is None)
     summary["order"] = cfg.order
     summary["run_dir"] = str(run_dir)
-    if baseline_stats is not None:
-        summary["baseline"] = baseline_stats
-    return PolicyResult(policy, run_dir, rows, summary)
+    return summary
 
 
 def feedback_memory(journal: RunJournal) -> FeedbackMemory:
