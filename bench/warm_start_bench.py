@@ -72,19 +72,12 @@ def held_out(
 ) -> tuple[Any, list[Any], Path]:
     from local_search import build_index
     from mia.data.world import World
+    from mia.data.world_io import write_corpus
 
     world = World.generate(seed, size)
     keep = (lambda q: q.held_out) if wordings_only else (lambda q: q.type != "image")
     questions = [q for q in world.split("test") if keep(q)][:n]
-    corpus = workdir / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n"
-            for p in world.passages
-        ),
-        encoding="utf-8",
-    )
-    build_index(corpus, workdir / "index", "bm25")
+    build_index(write_corpus(world, workdir / "corpus.jsonl"), workdir / "index", "bm25")
     return world, questions, workdir / "index"
 
 

@@ -47,21 +47,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from local_search import build_index, open_index
     from mia.apps.gold import generate_gold, write_gold
     from mia.data.world import World
+    from mia.data.world_io import write_corpus
     from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2
 
     root = tmp_path_factory.mktemp("sft")
     full = World.generate(0, "small")
     text = copy.copy(full)
     text.questions = [q for q in full.questions if q.type != "image"]
-    corpus = root / "corpus.jsonl"
-    corpus.write_text(
-        "".join(
-            json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n"
-            for p in full.passages
-        ),
-        encoding="utf-8",
-    )
-    build_index(corpus, root / "index", "bm25")
+    build_index(write_corpus(full, root / "corpus.jsonl"), root / "index", "bm25")
     retriever = open_index(root / "index")
     train = generate_gold(text, retriever, "train", progress=False).examples
     test = generate_gold(text, retriever, "test", progress=False).examples

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import tempfile
 import zlib
@@ -101,11 +100,11 @@ def _tools_config(cfg: AgentConfig, search_url: str, cache_root: Path | None) ->
 
 def corpus_sha256(world: World) -> str:
     """The sha256 of the world's ``corpus.jsonl`` as :meth:`World.write` writes it."""
+    from mia.data.world_io import corpus_lines
+
     h = hashlib.sha256()
-    for p in world.passages:
-        h.update(
-            (json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n").encode()
-        )
+    for line in corpus_lines(world):
+        h.update(line.encode())
     return h.hexdigest()
 
 

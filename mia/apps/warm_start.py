@@ -226,6 +226,7 @@ def _build_world_gold(
     from mia.agent import AgentConfig
     from mia.apps.gold import generate_gold, gets_plan
     from mia.data.world import World
+    from mia.data.world_io import write_corpus
 
     t0 = time.monotonic()
     world = World.generate(seed, cfg.size)
@@ -244,15 +245,8 @@ def _build_world_gold(
         "with": [True], "without": [False], "both": [True, False], "alternate": ["alternate"]
     }[cfg.plan]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix=".gold-build-", dir=root) as tmp:
-        corpus = Path(tmp) / "corpus.jsonl"
-        # The format World.write uses; generate_gold checks the index against the corpus hash.
-        corpus.write_text(
-            "".join(
-                json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n"
-                for p in world.passages
-            ),
-            encoding="utf-8",
-        )
+        # The file World.write writes; generate_gold checks the index against the corpus hash.
+        corpus = write_corpus(world, Path(tmp) / "corpus.jsonl")
         t0 = time.monotonic()
         with _quiet_stderr():
             build_index(

@@ -82,6 +82,20 @@ def check_target(out_dir: Path) -> None:
         )
 
 
+def corpus_lines(world: World) -> list[str]:
+    """The lines of the world's ``corpus.jsonl``: one ``{"id", "contents"}`` row per passage."""
+    return [
+        json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n"
+        for p in world.passages
+    ]
+
+
+def write_corpus(world: World, path: Path) -> Path:
+    """Write the world's ``corpus.jsonl`` (:func:`corpus_lines`) to ``path``; returns ``path``."""
+    path.write_text("".join(corpus_lines(world)), encoding="utf-8")
+    return path
+
+
 def write_world(
     world: World, out_dir: Path, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -90,11 +104,7 @@ def write_world(
     with atomic_dir(out_dir) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it private; a dataset folder should be readable
         say(f"corpus.jsonl ({len(world.passages)} passages)")
-        lines = [
-            json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n"
-            for p in world.passages
-        ]
-        (tmp / "corpus.jsonl").write_text("".join(lines), encoding="utf-8")
+        write_corpus(world, tmp / "corpus.jsonl")
         for split in SPLITS:
             items = [question_to_item(q, world.seed) for q in world.split(split)]
             say(f"{split}.parquet / {split}.jsonl ({len(items)} questions)")
