@@ -33,6 +33,7 @@ from mia.embedding import shared_embedder
 ROOT = Path(__file__).resolve().parents[1]
 BIG = 2**63 - 1  # SQLite's largest integer: AUTOINCREMENT has nothing left after it
 LIVE = "live/memory.sqlite"
+FULL = "the memory database is full (disk space or ids); nothing was written"
 
 
 @contextlib.contextmanager
@@ -48,6 +49,15 @@ def running(tmp_path: Path) -> Iterator[tuple[httpx.Client, MemoryService]]:
 
 def item(question: str, judgement: str = "correct", **fields: Any) -> dict[str, Any]:
     return {"question": question, "judgement": judgement, "workflow_summary": "1. s", **fields}
+
+
+def stored(
+    client: httpx.Client, question: str, judgement: str = "correct", **fields: Any
+) -> dict[str, Any]:
+    """The result of storing one memory (:func:`item`); the call must succeed."""
+    r = client.post("/memories", json=item(question, judgement, **fields))
+    assert r.status_code == 200, r.text
+    return r.json()["results"][0]
 
 
 def seed(client: httpx.Client) -> None:
@@ -204,13 +214,11 @@ def test_a_crafted_sqlite_backup_is_refused_whole(tmp_path: Path, name: str) -> 
         assert_error(r, 422, "invalid_backup", f"{name}.sqlite: {message}")
         assert snapshot(client) == before
         # Writable, with the next id of the live store (the refused file changed no counter).
-        r = client.post("/memories", json=item("After the refused load?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == 4
+        assert stored(client, "After the refused load?")["id"] == 4
         after = snapshot(client)
     with running(tmp_path) as (client, _):  # a restart keeps exactly that
         assert snapshot(client) == after
-        r = client.post("/memories", json=item("After the restart?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == 5
+        assert stored(client, "After the restart?")["id"] == 5
 
 
 def test_a_good_load_sets_each_sequence_to_the_highest_id(tmp_path: Path) -> None:
@@ -229,8 +237,7 @@ def test_a_good_load_sets_each_sequence_to_the_highest_id(tmp_path: Path) -> Non
             ("plan_pairs", 1),
             ("rollouts", 1),
         ]
-        r = client.post("/memories", json=item("After the load?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == MAX_ID
+        assert stored(client, "After the load?")["id"] == MAX_ID
         # A clear keeps the counters (ids are never reused).
         client.post("/clear_memory").raise_for_status()
         assert rows(db, "SELECT seq FROM sqlite_sequence WHERE name = 'memories'") == [(MAX_ID,)]
@@ -273,8 +280,7 @@ def test_a_crafted_json_backup_is_refused_whole(tmp_path: Path, name: str) -> No
             r = client.post("/load_memory", json={"path": f"{name}.json", "mode": mode})
             assert_error(r, 422, "invalid_backup", f"{name}.json: text-only/others[1]: {message}")
             assert snapshot(client) == before
-        r = client.post("/memories", json=item("After the refused load?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == 4
+        assert stored(client, "After the refused load?")["id"] == 4
 
 
 def test_a_json_plan_file_is_checked_entry_by_entry(tmp_path: Path) -> None:
@@ -313,12 +319,10 @@ def test_ids_past_the_range_are_renumbered_when_the_store_opens(tmp_path: Path) 
         ]
         detail = client.get("/memories/4").json()  # its history followed it
         assert detail["uses"] == 1 and detail["history"][0]["result_id"] == 3
-        r = client.post("/memories", json=item("Writable again?", used_memory_ids=[4]))
-        assert r.status_code == 200
-        assert (r.json()["results"][0]["id"], r.json()["results"][0]["credited_ids"]) == (5, [4])
+        saved = stored(client, "Writable again?", used_memory_ids=[4])
+        assert (saved["id"], saved["credited_ids"]) == (5, [4])
     with running(tmp_path) as (client, _):  # stable across restarts
-        r = client.post("/memories", json=item("And after a restart?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == 6
+        assert stored(client, "And after a restart?")["id"] == 6
 
 
 def test_an_exhausted_sequence_answers_507_until_a_clear(tmp_path: Path) -> None:
@@ -329,18 +333,15 @@ def test_an_exhausted_sequence_answers_507_until_a_clear(tmp_path: Path) -> None
         # repair it as well (test_ids_past_the_range_are_renumbered_when_the_store_opens).
         run_sql(tmp_path / LIVE, f"UPDATE sqlite_sequence SET seq = {BIG} WHERE name = 'memories'")
         r = client.post("/memories", json=item("No id left?", used_memory_ids=[1]))
-        full = "the memory database is full (disk space or ids); nothing was written"
-        assert_error(r, 507, "storage_full", full)
+        assert_error(r, 507, "storage_full", FULL)
         assert snapshot(client) == before  # not even the credit to memory 1 was kept
         r = client.post("/clear_memory")
         assert r.status_code == 200
         # The counter is back in range; the ids the cleared memories had are not reused.
-        r = client.post("/memories", json=item("Writable again?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == 4
+        assert stored(client, "Writable again?")["id"] == 4
         assert len(service.store) == 1
     with running(tmp_path) as (client, _):
-        r = client.post("/memories", json=item("After a restart?"))
-        assert r.status_code == 200 and r.json()["results"][0]["id"] == 5
+        assert stored(client, "After a restart?")["id"] == 5
 
 
 def test_a_full_disk_answers_507_and_the_store_stays_writable(tmp_path: Path) -> None:
@@ -352,10 +353,9 @@ def test_a_full_disk_answers_507_and_the_store_stays_writable(tmp_path: Path) ->
         conn.execute(f"PRAGMA max_page_count = {pages}")  # the file cannot grow: a full disk
         big = item("How long is this question? " + "x" * 100_000, used_memory_ids=[1])
         r = client.post("/memories", json=big)
-        full = "the memory database is full (disk space or ids); nothing was written"
-        assert_error(r, 507, "storage_full", full)
+        assert_error(r, 507, "storage_full", FULL)
         r = client.post("/memory_bank_save", json=[big] * 3)
-        assert_error(r, 507, "storage_full", full)
+        assert_error(r, 507, "storage_full", FULL)
         assert snapshot(client) == before
         conn.execute("PRAGMA max_page_count = 1073741823")  # space again
         r = client.post("/memories", json=big)
