@@ -20,6 +20,21 @@ from mia.llm.base import ChatResult, Message, SamplingParams
 from mia.llm.scripted import ScriptedChat
 from mia.trace import content_text
 
+# The two questions of the Executor training tests, their passages and plans.
+EXECUTOR_GOLD = {
+    "Who founded Vorlanic Institute?": "Kaleth Morvaine",
+    "Where was Ilsa Drovan born?": "Velmora",
+}
+EXECUTOR_PASSAGES = [
+    {
+        "id": "0",
+        "contents": "Vorlanic Institute\nVorlanic Institute was founded by Kaleth Morvaine.",
+    },
+    {"id": "1", "contents": "Ilsa Drovan\nIlsa Drovan was born in Velmora in 1952."},
+]
+PLAN_COLUMN = "1. Search the institute.\n2. Read the founder."
+PLAN_FROM_SERVICE = "1. Search the person.\n2. Read the birthplace."
+
 _PLAN = re.compile(r"Here is a guide for your reference:\n(.*?)\nBegin your answer:", re.S)
 _REPLAN = re.compile(r"I have a revised plan for you to follow:\n(.*?)\nPlease continue", re.S)
 

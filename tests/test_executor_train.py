@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 from role_fixtures import (
+    EXECUTOR_GOLD,
+    EXECUTOR_PASSAGES,
+    PLAN_COLUMN,
+    PLAN_FROM_SERVICE,
     ScriptedGenerator,
     build_tiny_model,
     memory_service,
@@ -34,20 +38,10 @@ from mia.prompts.planner import replan_train_messages
 from mia.rl.trainer import Trainer
 from mia.roles.samples import load_samples
 
-GOLD = {
-    "Who founded Vorlanic Institute?": "Kaleth Morvaine",
-    "Where was Ilsa Drovan born?": "Velmora",
-}
 PASSAGES = [
-    {
-        "id": "0",
-        "contents": "Vorlanic Institute\nVorlanic Institute was founded by Kaleth Morvaine.",
-    },
-    {"id": "1", "contents": "Ilsa Drovan\nIlsa Drovan was born in Velmora in 1952."},
+    *EXECUTOR_PASSAGES,
     {"id": "2", "contents": "Velmora\nVelmora is a city on the Vohund River."},
 ]
-PLAN_COLUMN = "1. Search the institute.\n2. Read the founder."
-PLAN_FROM_SERVICE = "1. Search the person.\n2. Read the birthplace."
 REPLAN = "1. Search the birthplace again."
 
 
@@ -67,7 +61,7 @@ class ExecutorScript:
 
     def __call__(self, prompt: str) -> str:
         question = re.search(r"Question: (.*?)\n", prompt).group(1).strip()
-        gold = GOLD[question]
+        gold = EXECUTOR_GOLD[question]
         # The text of every assistant turn so far (and the turns injected after it).
         turns = prompt.split("<|im_start|>assistant\n")[1:]
         if len(turns) == 1:

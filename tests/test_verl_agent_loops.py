@@ -45,6 +45,10 @@ except Exception as exc:  # ImportError, or veRL's own imports failing beside ou
 
 from PIL import Image
 from role_fixtures import (
+    EXECUTOR_GOLD,
+    EXECUTOR_PASSAGES,
+    PLAN_COLUMN,
+    PLAN_FROM_SERVICE,
     ScriptedGenerator,
     executor_service,
     memory_service,
@@ -57,22 +61,10 @@ from mia.llm.base import SamplingParams
 from mia.llm.scripted import ScriptedChat
 from mia.models.tiny import build_tokenizer, save_tiny, tiny_qwen2, tiny_qwen25vl
 from mia.rl.episode import Rollout
+from mia.roles.samples import load_samples
 from mia.verl.data import prepare
 
-GOLD = {
-    "Who founded Vorlanic Institute?": "Kaleth Morvaine",
-    "Where was Ilsa Drovan born?": "Velmora",
-    "What colour is this emblem?": "red",
-}
-PASSAGES = [
-    {
-        "id": "0",
-        "contents": "Vorlanic Institute\nVorlanic Institute was founded by Kaleth Morvaine.",
-    },
-    {"id": "1", "contents": "Ilsa Drovan\nIlsa Drovan was born in Velmora in 1952."},
-]
-PLAN_COLUMN = "1. Search the institute.\n2. Read the founder."
-PLAN_FROM_SERVICE = "1. Search the person.\n2. Read the birthplace."
+GOLD = {**EXECUTOR_GOLD, "What colour is this emblem?": "red"}
 REPLAN = "1. Search the birthplace again."
 IMAGE_SIZE = 56  # one 4x4 patch grid: 4 image pads per image after the 2x2 merge
 N = 2
@@ -194,7 +186,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> dict[str, Path
 
 @pytest.fixture(scope="module")
 def search_url(tmp_path_factory: pytest.TempPathFactory):
-    with search_service(tmp_path_factory.mktemp("search"), PASSAGES) as url:
+    with search_service(tmp_path_factory.mktemp("search"), EXECUTOR_PASSAGES) as url:
         yield url
 
 
@@ -252,6 +244,20 @@ async def generate(
     return await worker.generate_sequences(batch)
 
 
+async def scored_rollouts(
+    episode: Any, reward: Any, gen: Any, samples: Path, max_tokens: int
+) -> list[tuple[Any, float, dict]]:
+    """mia.rl's side: each sample of the ``samples`` file through ``episode`` on ``gen``, with
+    its ``reward`` (then the episode is closed)."""
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=max_tokens, logprobs=True)
+    res = []
+    for sample in load_samples(samples):
+        out = await episode.run(sample, Rollout(generator=gen, sampling=sampling))
+        res.append((out, *await reward(sample, out)))
+    await episode.aclose()
+    return res
+
+
 def _rows(out: DataProto) -> list[dict[str, Any]]:
     """Each output row unpadded: prompt ids, response ids, mask, logprobs, score."""
     rows = []
@@ -283,7 +289,6 @@ def test_verl_executor_agent_loop_matches_mia_rl(
     from executor_train.episode import ExecutorEpisode, ExecutorReward
     from mia.agent import build_tools
     from mia.judge.rules import RuleJudge
-    from mia.roles.samples import load_samples
     from mia.services import MemoryClient
     from mia.verl.config import load_mia_config
 
@@ -337,13 +342,7 @@ def test_verl_executor_agent_loop_matches_mia_rl(
                 build_tools(mia_cfg.agent.tools), mia_cfg.agent, judge=RuleJudge(), memory=memory
             )
             reward = ExecutorReward(RuleJudge())
-            sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=1536, logprobs=True)
-            res = []
-            for sample in load_samples(tmp_path / "train.jsonl"):
-                traj = await episode.run(sample, Rollout(generator=gen, sampling=sampling))
-                res.append((traj, *await reward(sample, traj)))
-            await episode.aclose()
-            return res
+            return await scored_rollouts(episode, reward, gen, tmp_path / "train.jsonl", 1536)
 
         want = asyncio.run(expected())
 
@@ -429,7 +428,6 @@ def test_verl_planner_agent_loop_matches_mia_rl(
     from mia.judge.rules import RuleJudge
     from mia.planner.episode import PlannerEpisode
     from mia.rewards.planner import PlannerReward
-    from mia.roles.samples import load_samples
     from mia.services import ExecutorClient, MemoryClient
     from mia.verl.config import load_mia_config
 
@@ -478,13 +476,7 @@ def test_verl_planner_agent_loop_matches_mia_rl(
                 ExecutorClient(executor_url), MemoryClient(memory_url), mia_cfg.episode
             )
             reward = PlannerReward(RuleJudge())
-            sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=256, logprobs=True)
-            res = []
-            for sample in load_samples(tmp_path / "train.jsonl"):
-                run = await episode.run(sample, Rollout(generator=gen, sampling=sampling))
-                res.append((run, *await reward(sample, run)))
-            await episode.aclose()
-            return res
+            return await scored_rollouts(episode, reward, gen, tmp_path / "train.jsonl", 256)
 
         want = asyncio.run(expected())  # before the hooks write memories
         if ttrl:  # every rollout was buffered by the reward; the step's hooks consolidate them
