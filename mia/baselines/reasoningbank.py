@@ -31,31 +31,31 @@ from mia.baselines.config import ReasoningBankConfig
 
 KIND = "strategy"
 
-SUCCESS_PROMPT = """A research agent answered the question below with search tools, and its \
-answer was judged CORRECT. Think about why it succeeded, then distil at most {n} reusable \
-reasoning strategies (general, not tied to this question's names) that would help on similar \
-tasks.
 
-Question: {question}{caption}
-Final answer: {answer}
-Trace:
-{trace}
+def _distil_prompt(task: str, item: str) -> str:
+    """A distillation prompt (``str.format`` fields: n, question, caption, answer, trace): the
+    ``task``, the question with the agent's answer and trace, and the JSON reply asked for,
+    whose items are each one ``item``."""
+    return (
+        "A research agent answered the question below with search tools, and its answer was "
+        "judged " + task + "\n\nQuestion: {question}{caption}\nFinal answer: {answer}\nTrace:\n"
+        "{trace}\n\n"
+        'Reply with JSON only: {{"items": [{{"title": "short name of the ' + item + '", '
+        '"description": "one sentence summary", "content": "1-3 sentences: the ' + item + " itself"
+        '"}}]}}'
+    )
 
-Reply with JSON only: {{"items": [{{"title": "short name of the strategy", "description": \
-"one sentence summary", "content": "1-3 sentences: the strategy itself"}}]}}"""
 
-FAILURE_PROMPT = """A research agent answered the question below with search tools, and its \
-answer was judged INCORRECT. Reflect on why it failed, then distil at most {n} lessons \
-(general, not tied to this question's names): pitfalls to avoid and what to do instead on \
-similar tasks.
-
-Question: {question}{caption}
-Final answer: {answer}
-Trace:
-{trace}
-
-Reply with JSON only: {{"items": [{{"title": "short name of the lesson", "description": \
-"one sentence summary", "content": "1-3 sentences: the lesson itself"}}]}}"""
+SUCCESS_PROMPT = _distil_prompt(
+    "CORRECT. Think about why it succeeded, then distil at most {n} reusable reasoning "
+    "strategies (general, not tied to this question's names) that would help on similar tasks.",
+    "strategy",
+)
+FAILURE_PROMPT = _distil_prompt(
+    "INCORRECT. Reflect on why it failed, then distil at most {n} lessons (general, not tied "
+    "to this question's names): pitfalls to avoid and what to do instead on similar tasks.",
+    "lesson",
+)
 
 CONTEXT_HEADER = "# Strategies learned from earlier questions"
 _MD_ITEM = re.compile(r"^#\s*Memory Item.*$", re.M | re.I)
