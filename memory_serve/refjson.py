@@ -32,6 +32,7 @@ from mia.errors import MiaError
 from mia.paths import atomic_write_text
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 _WORKFLOW_KEYS = (
     "data_id",
@@ -135,20 +136,22 @@ def is_plan_layout(data: dict[str, Any]) -> bool:
     return False
 
 
-def _whole(e: dict[str, Any], name: str, default: int) -> int:
+def _converted(e: dict[str, Any], name: str, default: N, kind: Callable[[Any], N], what: str) -> N:
+    """``e[name]`` (``default`` when absent) as ``kind``; else a ValueError saying it must be
+    ``what``."""
     value = e.get(name, default)
     try:
-        return int(value)
+        return kind(value)
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a whole number, got {value!r:.40}") from None
+        raise ValueError(f"{name} must be {what}, got {value!r:.40}") from None
+
+
+def _whole(e: dict[str, Any], name: str, default: int) -> int:
+    return _converted(e, name, default, int, "a whole number")
 
 
 def _number(e: dict[str, Any], name: str, default: float) -> float:
-    value = e.get(name, default)
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{name} must be a number, got {value!r:.40}") from None
+    return _converted(e, name, default, float, "a number")
 
 
 def _created(e: dict[str, Any]) -> float | None:
