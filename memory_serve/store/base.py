@@ -137,6 +137,20 @@ def blob(vec: np.ndarray) -> bytes:
     return np.ascontiguousarray(vec, dtype=np.float32).tobytes()
 
 
+def ids_over_cap(cur: sqlite3.Cursor, table: str, cap: int | None, order: str) -> list[int]:
+    """The ids of the rows of ``table`` beyond ``cap`` rows (None: no cap), taken first in
+    ``order`` (an SQL ``ORDER BY``): what an eviction deletes."""
+    if cap is None:
+        return []
+    count = cur.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    if count <= cap:
+        return []
+    rows = cur.execute(
+        f"SELECT id FROM {table} ORDER BY {order} LIMIT ?", (count - cap,)
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def check_bucket(modality: str, category: str) -> None:
     if modality not in MODALITIES:
         raise MiaError(f"unknown modality {modality!r} (known: {list(MODALITIES)})")

@@ -28,7 +28,7 @@ from memory_serve.records import (
     modality_of,
 )
 from memory_serve.scoring import combined_score, minmax, mixed_similarity, top_positions
-from memory_serve.store.base import StoreBase, blob, check_bucket, checked
+from memory_serve.store.base import StoreBase, blob, check_bucket, checked, ids_over_cap
 from mia.errors import MiaError
 
 SORTS = {
@@ -324,17 +324,9 @@ class Memories(StoreBase):
         return [r.id for r in credited]
 
     def _evict_memories(self, cur: sqlite3.Cursor) -> list[int]:
-        cap = self.cfg.write.max_memories
-        if cap is None:
-            return []
-        count = cur.execute("SELECT COUNT(*) FROM memories").fetchone()[0]
-        if count <= cap:
-            return []
-        rows = cur.execute(
-            "SELECT id FROM memories ORDER BY win_rate ASC, created_at ASC, id ASC LIMIT ?",
-            (count - cap,),
-        ).fetchall()
-        ids = [int(r[0]) for r in rows]
+        ids = ids_over_cap(
+            cur, "memories", self.cfg.write.max_memories, "win_rate ASC, created_at ASC, id ASC"
+        )
         self._delete_rows(cur, ids)
         return ids
 

@@ -21,7 +21,7 @@ from memory_serve.records import (
     modality_of,
 )
 from memory_serve.scoring import mixed_similarity, rank
-from memory_serve.store.base import StoreBase, blob, check_bucket, checked
+from memory_serve.store.base import StoreBase, blob, check_bucket, checked, ids_over_cap
 
 PLAN_COLS = (
     "id, data_id, question, image_caption, correct_plan, incorrect_plan, modality, category, "
@@ -145,16 +145,9 @@ class PlanPairs(StoreBase):
         return len(pairs)
 
     def _evict_plan_pairs(self, cur: sqlite3.Cursor) -> list[int]:
-        cap = self.cfg.write.max_plan_pairs
-        if cap is None:
-            return []
-        count = cur.execute("SELECT COUNT(*) FROM plan_pairs").fetchone()[0]
-        if count <= cap:
-            return []
-        rows = cur.execute(
-            "SELECT id FROM plan_pairs ORDER BY created_at ASC, id ASC LIMIT ?", (count - cap,)
-        ).fetchall()
-        ids = [int(r[0]) for r in rows]
+        ids = ids_over_cap(
+            cur, "plan_pairs", self.cfg.write.max_plan_pairs, "created_at ASC, id ASC"
+        )
         cur.executemany("DELETE FROM plan_pairs WHERE id = ?", [(i,) for i in ids])
         return ids
 
