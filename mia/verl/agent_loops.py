@@ -188,15 +188,18 @@ class _MiaAgentLoop(AgentLoopBase):
         )
 
 
+def _memory_client(cfg: VerlMiaConfig) -> MemoryClient | None:
+    """A client of the config's memory_serve (None without ``services.memory_url``)."""
+    s = cfg.services
+    return MemoryClient(s.memory_url, **service_kwargs(s, "memory")) if s.memory_url else None
+
+
 class _ExecutorParts:
     """The objects every ``mia_executor`` rollout of one config shares."""
 
     def __init__(self, cfg: VerlMiaConfig) -> None:
-        s = cfg.services
         self.tools = build_tools(cfg.agent.tools)
-        self.memory = (
-            MemoryClient(s.memory_url, **service_kwargs(s, "memory")) if s.memory_url else None
-        )
+        self.memory = _memory_client(cfg)
         self.plans = PlanSource(self.memory, cfg.missing_plan)
         self.judge = build_judge(cfg.judge, cfg.llm)
 
@@ -235,9 +238,7 @@ class _PlannerParts:
         if not s.executor_url:
             raise MiaError("mia.services.executor_url: the frozen Executor (serve) is required")
         self.executor = ExecutorClient(s.executor_url, **service_kwargs(s, "executor"))
-        self.memory = (
-            MemoryClient(s.memory_url, **service_kwargs(s, "memory")) if s.memory_url else None
-        )
+        self.memory = _memory_client(cfg)
 
 
 class _VerlPlannerEpisode(PlannerEpisode):
