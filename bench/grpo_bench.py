@@ -9,9 +9,11 @@ completion budget, sampling temperature and learning rate on both sides, single 
 CPU, one torch thread by default (``--threads``). Reward: a deterministic function of the
 completion text, so both sides do the same work per step.
 
-- **ours**: ``mia.rl.trainer.Trainer`` in single_process mode with the transformers generator,
-  a one-turn episode, recomputed old log-probs (our default) and, second row, the generator's
-  log-probs (``old_logprobs=rollout``: no extra forward, like TRL with ``num_iterations=1``).
+- **ours**: ``mia.rl.trainer.Trainer`` in single_process mode with the transformers generator
+  and a one-turn episode, three rows: the defaults (``old_logprobs=auto``: one optimizer step
+  per batch, so the update's own log-probs, detached, are the old ones -- no extra forward,
+  exact, what TRL does with ``num_iterations=1``), ``old_logprobs=recompute`` (one more policy
+  forward per step, the default before) and ``old_logprobs=rollout`` (the generator's).
 - **TRL**: ``trl.GRPOTrainer`` (generation by ``model.generate``), ``beta=0`` (no reference
   model), ``loss_type=dapo`` (token-mean, like ours), one optimizer step per generation batch.
 
@@ -82,7 +84,8 @@ class ChatTurn:
         return Traj()
 
 
-def run_ours(model_dir: Path, args: argparse.Namespace, old_logprobs: str) -> dict[str, Any]:
+def run_ours(model_dir: Path, args: argparse.Namespace, old_logprobs: str | None) -> dict[str, Any]:
+    """``old_logprobs`` None = the trainer's default."""
     from mia.models.tiny import build_tokenizer
     from mia.rl.trainer import Trainer
 
@@ -96,7 +99,6 @@ def run_ours(model_dir: Path, args: argparse.Namespace, old_logprobs: str) -> di
         "n": args.n,
         "total_steps": args.steps + args.warmup,
         "shuffle": False,
-        "old_logprobs": old_logprobs,
         "skip_tied_steps": False,  # always update, like TRL
         "save_freq": -1,
         "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": args.max_tokens},
@@ -109,6 +111,8 @@ def run_ours(model_dir: Path, args: argparse.Namespace, old_logprobs: str) -> di
         "generator": {"max_batch_size": args.batch * args.n},
         "logging": {"console": False, "jsonl": False},
     }
+    if old_logprobs is not None:
+        cfg["old_logprobs"] = old_logprobs
     trainer = Trainer(cfg, ChatTurn(tok), lambda s, t: text_reward_value(t.final_text), data)
     history = trainer.fit()
     timed = history[args.warmup :]
@@ -335,8 +339,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(f"# GRPO bench: B={args.batch} n={args.n} max_tokens={args.max_tokens} "
           f"steps={args.steps}(+{args.warmup} warm-up)", flush=True)  # fmt: skip
-    results["ours"] = run_ours(model_dir, args, "recompute")
-    print(f"ours (recompute): {results['ours']}", flush=True)
+    results["ours"] = run_ours(model_dir, args, None)
+    print(f"ours (default): {results['ours']}", flush=True)
+    results["ours_recompute"] = run_ours(model_dir, args, "recompute")
+    print(f"ours (recompute): {results['ours_recompute']}", flush=True)
     results["ours_rollout_lp"] = run_ours(model_dir, args, "rollout")
     print(f"ours (rollout lp): {results['ours_rollout_lp']}", flush=True)
     if not args.skip_trl:
@@ -347,18 +353,22 @@ def main(argv: list[str] | None = None) -> None:
     results["load"] = {"start": load_start, "end": os.getloadavg()}
 
     trl = results.get("trl", {})
-    rows = [("ours (old_logprobs=recompute)", results["ours"])]
+    rows = [("ours, default (old_logprobs=auto)", results["ours"])]
+    rows.append(("ours (old_logprobs=recompute)", results["ours_recompute"]))
     rows.append(("ours (old_logprobs=rollout)", results["ours_rollout_lp"]))
     if trl:
         rows.append(("TRL GRPOTrainer", trl))
     sep = "|" if args.markdown else " "
     print()
-    header = ["engine", "step s", "tokens/s", "completion len", "vs TRL step"]
+    header = ["engine", "step s", "tokens/s", "completion len", "vs TRL step",
+              "rollout s", "old lp s", "update s"]  # fmt: skip
     lines = [header]
     for name, r in rows:
         ratio = r["step_s"] / trl["step_s"] if trl else float("nan")
         lines.append([name, fmt(r["step_s"]), fmt(r["tokens_per_s"], 0),
-                      fmt(r["completion_len"], 1), fmt(ratio, 2)])  # fmt: skip
+                      fmt(r["completion_len"], 1), fmt(ratio, 2), fmt(r["rollout_s"]),
+                      fmt(r.get("old_logprobs_s", float("nan"))),
+                      fmt(r.get("update_s", float("nan")))])  # fmt: skip
     ro = results["rollouts"]
     _print_table(lines, sep)
     print()
@@ -375,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     verdicts = []
     if trl:
-        best = min(results["ours"]["step_s"], results["ours_rollout_lp"]["step_s"])
+        best = min(r["step_s"] for name, r in rows if name.startswith("ours"))
         default = results["ours"]["step_s"] / trl["step_s"]
         verdicts.append(
             f"step time vs TRL: default {default:.2f}x, best {best / trl['step_s']:.2f}x "

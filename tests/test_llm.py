@@ -702,6 +702,114 @@ def test_decode_attention_equals_sdpa_and_leaves_other_passes_alone(tiny: tuple[
                        fast(input_ids=ids, attention_mask=attn).logits)  # fmt: skip
 
 
+def test_grouped_attention_equals_sdpa_for_every_mask_kind() -> None:
+    """The grouped matmuls (decode steps, short half-precision passes) compute sdpa's attention:
+    boolean mask with left padding, no mask (causal), an additive mask, one query or many, and
+    the gradients; float32 to 1e-5."""
+    import types
+
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from mia.llm.decode_attention import grouped_attention
+
+    torch.manual_seed(0)
+    mod = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=True)
+    b, heads, kv, q_len, dim = 3, 6, 2, 9, 16
+    pad = torch.ones(b, q_len, dtype=torch.bool)
+    pad[0, :4] = False  # left padding: the first rows of row 0 attend to nothing
+    bool_mask = torch.ones(q_len, q_len, dtype=torch.bool).tril()[None, None] & pad[:, None, None]
+    additive = torch.zeros(b, 1, q_len, q_len).masked_fill(~bool_mask, -1e9)
+    for mask, queries in ((bool_mask, q_len), (None, q_len), (additive, q_len), (bool_mask, 1)):
+        q = torch.randn(b, heads, queries, dim, requires_grad=True)
+        k = torch.randn(b, kv, q_len, dim, requires_grad=True)
+        v = torch.randn(b, kv, q_len, dim, requires_grad=True)
+        m = mask[:, :, -queries:] if mask is not None else None
+        want, _ = sdpa_attention_forward(mod, q, k, v, m, scaling=0.25)
+        got = grouped_attention(mod, q, k, v, m, 0.25)
+        rows = pad[:, -queries:, None, None].expand_as(want)  # fully masked rows: any value
+        assert torch.allclose(got[rows], want[rows], atol=1e-5)
+        g_want = torch.autograd.grad((want * rows).sum(), (q, k, v))
+        g_got = torch.autograd.grad((got * rows).sum(), (q, k, v))
+        for a, c in zip(g_want, g_got, strict=True):
+            assert torch.allclose(a, c, atol=1e-5)
+
+
+def test_cpu_attention_takes_short_bf16_passes_only(tiny: tuple[Any, Any]) -> None:
+    """Under bf16 autocast a pass over <= SHORT_KEYS keys takes the grouped matmuls: logits and
+    gradients as far from float32's as sdpa's bf16 ones are (bf16 rounding, ~1e-2 here); a
+    longer pass is sdpa's, bit for bit."""
+    import copy
+
+    import torch
+
+    from mia.llm.decode_attention import SHORT_KEYS, use_for_decode
+
+    model, _ = tiny
+    ref = copy.deepcopy(model).train()
+    ref.set_attn_implementation("sdpa")
+    fast = copy.deepcopy(ref)
+    assert use_for_decode(fast, "cpu")
+    torch.manual_seed(0)
+    for length in (12, SHORT_KEYS + 8):
+        ids = torch.randint(5, 200, (3, length))
+        attn = torch.ones_like(ids)
+        attn[0, :5] = 0
+        sel = attn.bool()
+        outs = []
+        for m, bf16 in ((ref, False), (ref, True), (fast, True)):
+            m.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = m(input_ids=ids, attention_mask=attn).logits.float()[sel]
+            logits.logsumexp(-1).sum().backward()
+            outs.append((logits.detach(), m.model.embed_tokens.weight.grad.clone()))
+        (l32, g32), (la, ga), (lb, gb) = outs
+        if length > SHORT_KEYS:
+            assert torch.equal(la, lb) and torch.equal(ga, gb)
+            continue
+        assert not torch.equal(la, lb)  # another kernel ran
+        err_a, err_b = (la - l32).abs(), (lb - l32).abs()
+        assert err_b.mean() <= 1.5 * err_a.mean() and err_b.max() <= 2 * err_a.max()
+        assert (gb - g32).norm() <= 2 * (ga - g32).norm() + 1e-3 * g32.norm()
+
+
+def test_local_sampler_draws_the_tempered_top_p_distribution() -> None:
+    """The batched inverse-CDF draw: token frequencies match softmax(z / T) (top-p: renormalised
+    over the smallest top set reaching p), zero-probability tokens never come, greedy rows take
+    the argmax, and a row's draws depend only on its own uniforms."""
+    import torch
+
+    from mia.llm.local_cache import Request
+    from mia.llm.local_engine import _Picker
+
+    z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -30.0])
+    n = 20000
+    params = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5, top_p=0.8),
+        SamplingParams(temperature=0.0),
+    ]
+    reqs = [Request(prompt_ids=[1], params=p) for p in params]
+    u = torch.rand((3, n), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    picker = _Picker(reqs, [0, 1], u, torch)
+    counts = torch.zeros(3, z.numel())
+    for step in range(n):
+        nxt = picker.pick(z.expand(3, -1).clone(), step)
+        counts[torch.arange(3), nxt] += 1
+    freq = counts / n
+    full = torch.softmax(z, -1)
+    assert torch.allclose(freq[0], full, atol=0.01)
+    sharp = torch.softmax(z / 0.5, -1)  # top-p 0.8 keeps the top tokens until they reach 0.8
+    keep = (sharp.cumsum(-1) - sharp) < 0.8
+    assert torch.allclose(freq[1], sharp * keep / (sharp * keep).sum(), atol=0.01)
+    assert freq[2, 0] == 1.0
+    # Row 0 with other rows beside it, or alone: the same tokens from the same uniforms.
+    alone = _Picker(reqs[:1], [0], u[:1], torch)
+    for step in range(50):
+        both = picker.pick(z.expand(3, -1).clone(), step)
+        assert int(alone.pick(z[None].clone(), step)[0]) == int(both[0])
+
+
 def test_local_sampling_is_seeded_per_request(local: Any) -> None:
     p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=123)
     alone = run(local.chat(prompts(1)[0], p))

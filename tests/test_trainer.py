@@ -103,10 +103,12 @@ def rollout_ids(run_dir: Path, step: int) -> list[str]:
 
 def test_old_logprobs_from_the_rollout_give_the_recomputed_update(model_dir, tok, tmp_path) -> None:
     """old_logprobs=rollout (the in-process generator's exact log-probs; no extra forward pass)
-    gives the same single-update step as recomputing them, up to float rounding."""
+    and auto (one update per batch: the update's own log-probs, detached) give the same
+    single-update step as recomputing them, up to float rounding; auto still reports the
+    entropy and the generator/trainer gap, and recomputes when mini-batches reuse a batch."""
     data = [{"question": "the answer is"}, {"question": "a tool call"}]
     runs = {}
-    for mode in ("recompute", "rollout"):
+    for mode in ("recompute", "rollout", "auto"):
         cfg = base_cfg(
             model_dir, tmp_path / mode, shuffle=False, save_freq=-1, log_rollouts=0,
             old_logprobs=mode, total_steps=1,
@@ -122,6 +124,20 @@ def test_old_logprobs_from_the_rollout_give_the_recomputed_update(model_dir, tok
     assert rol["actor/grad_norm"] == pytest.approx(rec["actor/grad_norm"], rel=1e-3)
     assert rol["actor/loss"] == pytest.approx(rec["actor/loss"], abs=1e-4)
     assert runs["recompute"][1] == runs["rollout"][1]  # the same updated policy samples
+    auto = runs["auto"][0]
+    assert auto["reward/mean"] == rec["reward/mean"]
+    assert auto["actor/grad_norm"] == pytest.approx(rec["actor/grad_norm"], rel=1e-3)
+    assert auto["actor/loss"] == pytest.approx(rec["actor/loss"], abs=1e-4)
+    assert auto["actor/ratio_mean"] == 1.0 and auto["actor/pg_clipfrac"] == 0.0
+    assert auto["actor/entropy"] == pytest.approx(rec["actor/entropy"], rel=1e-3)
+    assert auto["rollout/logprob_diff_max"] == pytest.approx(
+        rec["rollout/logprob_diff_max"], abs=1e-5
+    )
+    assert runs["auto"][1] == runs["recompute"][1]
+    cfg = base_cfg(model_dir, tmp_path / "mb", mini_batch_size=4, save_freq=-1)
+    with Trainer(cfg, OneTurn(tok), text_reward, data) as trainer:
+        assert trainer._old_logprob_mode(8) == "recompute"  # two updates share the batch
+        assert trainer._old_logprob_mode(4) == "update"
 
 
 def test_tempered_rollouts_are_scored_at_their_temperature(model_dir, tok, tmp_path) -> None:
@@ -352,11 +368,16 @@ def test_ray_world_size_two_step(ray_cluster, model_dir, tmp_path) -> None:
         workers={"mode": "ray", "world_size": 2},
         log_rollouts=0,
     )
-    with Trainer(cfg, episode_for(data), text_reward, data) as trainer:
+
+    # A reward that ties only identical replies: every group has a signal, whatever is sampled.
+    def distinct(sample: dict, traj: Any) -> float:
+        return float(sum(traj.response_ids) % 997)
+
+    with Trainer(cfg, episode_for(data), distinct, data) as trainer:
         history = trainer.fit()
         assert trainer.generator.weight_version == 1
     assert history[0]["rollout/n"] == 4.0
-    assert history[0]["actor/grad_norm"] > 0
+    assert history[0]["advantage/abs_mean"] > 0 and history[0]["actor/grad_norm"] > 0
     shards = sorted(p.name for p in (tmp_path / "checkpoints/global_step_1/dcp").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]
     assert read_metrics(tmp_path / "metrics.jsonl")[0]["step"] == 1

@@ -23,10 +23,12 @@ With ``repeat_stop`` > 0 a reply ends (finish reason ``length``: cut, not finish
 ``repeat_stop`` tokens are one short n-gram repeated (period <= a quarter of the window): a small
 model that starts "album album album ..." would otherwise hold its whole batch to ``max_tokens``.
 
-Sampling is per request: temperature 0 is greedy; otherwise temperature + top-p with a private
+Sampling is per request: temperature 0 is greedy; otherwise temperature + top-p, drawn for the
+whole batch at once by inverse CDF from uniforms each request draws up front from a private
 ``torch.Generator`` seeded from ``params.seed`` (so a seeded request gives the same reply whether
 it ran alone or in a batch). ``presence_penalty`` works as in vLLM (subtracted once from every
-token already generated). Chat messages are text only (image parts are refused with a clear
+token already generated). A vision model never samples its image/video pad tokens (they stand
+for pixel features; logprobs stay those of the raw distribution). Chat messages are text only (image parts are refused with a clear
 error); id-level requests may carry Qwen2.5-VL vision inputs (``pixel_values``,
 ``image_grid_thw``) for prompts whose image pads are already expanded.
 

@@ -1,6 +1,7 @@
 """The local backend's batching engine (:mod:`mia.llm.local_backend`, whose docstring says how
 it batches, caches and samples): one worker thread that collects concurrent requests into a
-left-padded batch and decodes it with a KV cache, token by token, row by row.
+left-padded batch and decodes it with a KV cache, token by token; each step samples every row
+in a few batched ops (:class:`_Picker`), the Python left per row is the bookkeeping on ints.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from mia.llm.decode_attention import use_for_decode
 from mia.llm.local_cache import Output, PrefixCache, Request, reply_key
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("mia.llm.local")
@@ -90,6 +90,12 @@ class Engine:
         self.max_positions = int(
             getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0
         )
+        # A vision model's image/video pads stand for pixel features: a sampled one could be
+        # neither fed back (the next prompt's pads must match its images) nor trained on (the
+        # forward pass would give it vision features and positions), so they are never drawn
+        # (TRL's GRPOTrainer suppresses the image token for the same reason).
+        pads = (getattr(model.config, k, None) for k in ("image_token_id", "video_token_id"))
+        self.placeholder_ids = sorted({int(t) for t in pads if t is not None})
         # Rust tokenizers raise "Already borrowed" when used from two threads at once.
         self.tok_lock = threading.Lock()
         # Held while a batch decodes; hold it to change the weights in place between batches.
@@ -259,8 +265,7 @@ class Engine:
         vision, pos = self._vision_prefill(
             reqs, batch.input_ids, batch.attn[:, batch.width_past :], batch.pos, torch
         )
-        gens = self._generators(reqs, torch)
-        rows, cache = self._steps(reqs, batch, cache, vision, pos, gens, torch)
+        rows, cache = self._steps(reqs, batch, cache, vision, pos, torch)
         if prefix is not None:
             try:
                 self._store_prefixes(
@@ -299,17 +304,20 @@ class Engine:
             budgets.append(max(1, min(r.params.max_tokens, room)))
         return _Layout(input_ids, attn, pos, past, width_past, width, budgets)
 
-    def _generators(self, reqs: list[Request], torch: Any) -> list[torch.Generator | None]:
-        """A private generator per sampling row (None for greedy ones), seeded from its
-        ``params.seed`` or else at random: a seeded request samples the same alone or batched."""
-        gens: list[torch.Generator | None] = []
-        for r in reqs:
+    def _uniforms(self, reqs: list[Request], budgets: list[int], torch: Any) -> Any:
+        """``[B, max budget]`` float64 uniforms, row i's drawn in one call from a private
+        generator seeded from its ``params.seed`` (or at random); rows that decode greedily get
+        zeros. A row's t-th token is drawn with its t-th uniform (inverse CDF, :func:`_pick`),
+        so a seeded request samples the same tokens alone or batched."""
+        u = torch.zeros((len(reqs), max(budgets)), dtype=torch.float64, device=self.device)
+        for i, r in enumerate(reqs):
             if r.params.temperature > 0:
                 seed = r.params.seed if r.params.seed is not None else random.getrandbits(63)
-                gens.append(torch.Generator(device=self.device).manual_seed(int(seed)))
-            else:
-                gens.append(None)
-        return gens
+                gen = torch.Generator(device=self.device).manual_seed(int(seed))
+                u[i, : budgets[i]] = torch.rand(
+                    budgets[i], generator=gen, dtype=torch.float64, device=self.device
+                )
+        return u
 
     def _steps(
         self,
@@ -318,14 +326,17 @@ class Engine:
         cache: Any,
         vision: dict[str, Any],
         pos: Any,
-        gens: list[torch.Generator | None],
         torch: Any,
     ) -> tuple[_Rows, Any]:
         """The prefill, then one token per live row per step until every row has finished;
-        the rows' tokens and the KV cache at the end."""
+        the rows' tokens and the KV cache at the end. Sampling is batched (:func:`_pick`); the
+        per-row work left in Python is the bookkeeping of :meth:`_take` on plain ints."""
         n = len(reqs)
         attn = batch.attn
-        penalties = torch.tensor([r.params.presence_penalty for r in reqs], device=self.device)
+        dev = self.device
+        penalties = torch.tensor([r.params.presence_penalty for r in reqs], device=dev)
+        sampled = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
+        picker = _Picker(reqs, sampled, self._uniforms(reqs, batch.budgets, torch), torch)
         seen = None
 
         out = self.model(
@@ -337,15 +348,16 @@ class Engine:
         if bool((penalties != 0).any()):
             seen = torch.zeros_like(logits, dtype=torch.bool)
 
+        banned = torch.tensor(self.placeholder_ids, dtype=torch.long, device=dev)
         rows = _Rows(n)
-        for _step in range(max(batch.budgets)):
+        for step in range(max(batch.budgets)):
             logp = torch.log_softmax(logits, dim=-1)
             scores = logits if seen is None else logits - penalties[:, None] * seen
-            nxt = torch.argmax(scores, dim=-1)
-            for i, r in enumerate(reqs):
-                if gens[i] is not None and rows.finish[i] is None:
-                    nxt[i] = _sample(scores[i], r.params, gens[i], torch)
-            self._take(reqs, rows, nxt, logp, seen, batch.budgets)
+            if banned.numel():
+                scores = scores.index_fill(-1, banned, -torch.inf)
+            nxt = picker.pick(scores, step)
+            chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            self._take(reqs, rows, nxt, chosen, seen, batch.budgets)
             if all(f is not None for f in rows.finish):
                 break
             attn = torch.cat([attn, attn.new_ones((n, 1))], dim=-1)
@@ -363,20 +375,23 @@ class Engine:
         reqs: list[Request],
         rows: _Rows,
         nxt: Any,
-        logp: Any,
+        chosen: Any,
         seen: Any,
         budgets: list[int],
     ) -> None:
-        """Append each live row's chosen token and its logprob, and finish the rows that hit
-        eos or a stop string (``stop``), their budget or a repeat (``length``); a finished
-        row's next input is padding."""
+        """Append each live row's chosen token and its logprob (``chosen``), and finish the rows
+        that hit eos or a stop string (``stop``), their budget or a repeat (``length``); a
+        finished row's next input is padding (``nxt`` is changed in place)."""
+        toks = nxt.tolist()
+        lps = chosen.tolist()
+        done: list[int] = []
         for i, r in enumerate(reqs):
             if rows.finish[i] is not None:
-                nxt[i] = self.pad_id
+                done.append(i)
                 continue
-            tok = int(nxt[i])
+            tok = toks[i]
             rows.tokens[i].append(tok)
-            rows.lps[i].append(float(logp[i, tok]))
+            rows.lps[i].append(lps[i])
             if seen is not None:
                 seen[i, tok] = True
             stopped = bool(r.params.stop) and self._hit_stop(
@@ -389,6 +404,8 @@ class Engine:
             elif self.repeat_stop and repeats(rows.tokens[i], self.repeat_stop):
                 rows.finish[i] = "length"
                 self.repeat_stops += 1
+        if done:
+            nxt[done] = self.pad_id
 
     def _outputs(self, reqs: list[Request], rows: _Rows) -> list[Output]:
         """Each row's reply: the text of its tokens (a final eos left out) cut at the first
@@ -503,16 +520,50 @@ def repeats(ids: list[int], window: int) -> bool:
     )
 
 
-def _sample(scores: torch.Tensor, p: SamplingParams, gen: torch.Generator, torch: Any) -> int:
-    probs = torch.softmax(scores / p.temperature, dim=-1)
-    if p.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
-        keep = (sorted_p.cumsum(-1) - sorted_p) < p.top_p
-        sorted_p = sorted_p * keep
-        choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=gen))
+class _Picker:
+    """The next token of every row at once: argmax for greedy rows; for sampling rows, the
+    inverse CDF of softmax(scores / temperature) (top-p: of the smallest prefix of the sorted
+    distribution whose mass reaches top_p, always at least the top token) at the row's
+    pre-drawn uniform for this step. That is an exact draw from the same distribution the
+    per-row ``torch.multinomial`` calls it replaced drew from, in a few batched ops."""
+
+    def __init__(self, reqs: list[Request], sampled: list[int], uniforms: Any, torch: Any):
+        self.torch = torch
+        self.u = uniforms
+        self.rows = torch.tensor(sampled, dtype=torch.long, device=uniforms.device)
+        self.all_sampled = len(sampled) == len(reqs)
+        dev = uniforms.device
+        self.temps = torch.tensor([reqs[i].params.temperature for i in sampled], device=dev)
+        top_p = [reqs[i].params.top_p for i in sampled]
+        self.top_p = torch.tensor(top_p, device=dev) if any(p < 1.0 for p in top_p) else None
+
+    def pick(self, scores: Any, step: int) -> Any:
+        torch = self.torch
+        nxt = torch.argmax(scores, dim=-1)
+        if not self.rows.numel():
+            return nxt
+        z = scores if self.all_sampled else scores[self.rows]
+        probs = torch.softmax(z / self.temps[:, None], dim=-1)
+        order = None
+        if self.top_p is not None:
+            probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+            before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+            keep = (before < self.top_p[:, None]) | (self.top_p[:, None] >= 1.0)
+            probs = probs * keep
+        cdf = probs.double().cumsum(-1)
+        x = self.u[self.rows, step] * cdf[:, -1]
+        idx = torch.searchsorted(cdf, x[:, None], right=True).clamp(max=probs.shape[-1] - 1)
+        # Rounding at the very top of the CDF can land on a token of probability 0: take the
+        # most likely token instead (a case of probability ~1e-16).
+        zero = probs.gather(-1, idx) <= 0
+        if bool(zero.any()):
+            idx = torch.where(zero, probs.argmax(-1, keepdim=True), idx)
+        if order is not None:
+            idx = order.gather(-1, idx)
+        if self.all_sampled:
+            return idx.squeeze(-1)
+        nxt[self.rows] = idx.squeeze(-1)
+        return nxt
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:

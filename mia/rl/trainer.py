@@ -9,8 +9,11 @@ One step (``configs/rl/trainer.yaml``):
    their calls), each followed by its reward ``reward_fn(sample, trajectory)`` -> ``score`` or
    ``(score, extras)``, sync or async;
 3. group-normalised advantages (:func:`mia.rl.grpo.group_advantages`);
-4. old log-probs: recomputed by the policy (``old_logprobs: recompute``, also gives the entropy
-   and the rollout/trainer log-prob gap) or the generator's (``rollout``);
+4. old log-probs (``old_logprobs``): ``auto`` (default) takes the update's own log-probs,
+   detached, when the batch gets one optimizer step (exact: the weights have not moved since
+   they sampled it), and recomputes them otherwise; ``recompute`` always runs the policy once
+   more; ``rollout`` uses the generator's. Either trainer-side way also gives the entropy and
+   the rollout/trainer log-prob gap;
 5. ``ppo_epochs`` passes of ``PolicyGroup.train_step`` over mini-batches of ``mini_batch_size``
    sequences;
 6. weight sync to the generator: ``update_weights(state_dict=...)`` in process, or an exported
@@ -62,7 +65,7 @@ RewardFn = Callable[[Mapping[str, Any], Any], Any]  # -> float | (float, dict) |
 # group_reward(results): rescores one collection's results in place (sync or async), e.g. a
 # majority vote over each group of n rollouts when there is no ground truth.
 GroupReward = Callable[[list["RolloutResult"]], Any]
-OLD_LOGPROB_MODES = ("recompute", "rollout")
+OLD_LOGPROB_MODES = ("auto", "recompute", "rollout")
 SYNC_MODES = ("state_dict", "folder")
 ROLLOUT_ERROR_MODES = ("raise", "drop")
 
@@ -93,7 +96,11 @@ class TrainerConfig:
         True, "GRPO: (r - mean) / std per group; false = Dr. GRPO (r - mean)"
     )
     old_logprobs: str = option(
-        "recompute", "recompute (trainer forward; also the entropy) | rollout (generator's)"
+        "auto",
+        "auto: with one optimizer step per batch (ppo_epochs 1, one mini-batch) the update's own "
+        "log-probs, detached (exact: the weights are those that sampled the batch; TRL with "
+        "num_iterations=1), else recompute | recompute: one more policy forward before the "
+        "updates | rollout: the generator's (no forward; needs loss.temperature 1)",
     )
     weight_sync: str = option(
         "state_dict", "state_dict: in-process copy | folder: export a HF folder + reload"
@@ -627,7 +634,14 @@ class Trainer:
 
         metrics: dict[str, Any] = {}
         t0 = time.perf_counter()
-        if cfg.old_logprobs == "recompute":
+        mode = self._old_logprob_mode(int(batch["input_ids"].shape[0]))
+        if mode == "update":
+            # train_step detaches its own log-probs and measures the entropy and the gap to
+            # the generator's log-probs on the way (the metrics below for recompute).
+            batch["old_logprobs"] = None
+            if rollout_lps is not None:
+                batch["rollout_logprobs"] = rollout_lps
+        elif mode == "recompute":
             old, ent = self.policy.compute_logprobs(batch, return_entropy=True)
             batch["old_logprobs"] = old * mask
             metrics["actor/entropy"] = _masked_mean(ent, mask)
@@ -668,6 +682,16 @@ class Trainer:
         if log:
             self.log_metrics(metrics)
         return metrics
+
+    def _old_logprob_mode(self, rows: int) -> str:
+        """``update`` (the update's own detached log-probs), ``recompute`` or ``rollout``."""
+        cfg = self.cfg
+        if cfg.old_logprobs != "auto":
+            return cfg.old_logprobs
+        one_update = cfg.ppo_epochs == 1 and (
+            cfg.mini_batch_size is None or cfg.mini_batch_size >= rows
+        )
+        return "update" if one_update else "recompute"
 
     def _engine_sleep(self) -> bool:
         """Free the rollout engine's GPU memory for the update (vLLM sleep mode, GPU only);
@@ -857,6 +881,10 @@ class Trainer:
             "ratio_mean": "actor/ratio_mean",
             "grad_norm": "actor/grad_norm",
         }
+        if "token_entropy" in agg:  # old_logprobs=auto, measured by the update (one of them)
+            names["token_entropy"] = "actor/entropy"
+            names["rollout_logprob_diff_mean"] = "rollout/logprob_diff_mean"
+            names["rollout_logprob_diff_max"] = "rollout/logprob_diff_max"
         for src, dst in names.items():
             if src in agg:
                 m[dst] = agg[src]
