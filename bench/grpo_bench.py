@@ -18,7 +18,9 @@ completion text, so both sides do the same work per step.
   model), ``loss_type=dapo`` (token-mean, like ours), one optimizer step per generation batch.
 
 Step time = wall time of a whole step (generation + scoring + update + weight sync), median of
-the timed steps; tokens/s = (prompt + completion tokens of a step's sequences) / step time.
+the timed steps; tokens/s = (prompt + completion tokens of a step's sequences) / step time. The
+default row and TRL are run ``--rounds`` times, alternating, and their medians taken over the
+timed steps of all rounds, so a change in the machine's load hits both.
 
 Rollout overhead: the same B x n prompts, same seeds, same stop strings, generated (a) by raw
 concurrent ``generate`` calls on the transformers generator and (b) through the agent loop
@@ -120,6 +122,8 @@ def run_ours(model_dir: Path, args: argparse.Namespace, old_logprobs: str | None
     tokens = statistics.mean(h["perf/total_tokens"] for h in timed)
     return {
         "step_s": step,
+        "steps": [h["time/step"] for h in timed],
+        "tokens": tokens,
         "tokens_per_s": tokens / step,
         "completion_len": statistics.mean(h["response/length_mean"] for h in timed),
         "rollout_s": statistics.mean(h["time/rollout"] for h in timed),
@@ -206,9 +210,12 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     counts = [entry["num_tokens"] for entry in logs if "num_tokens" in entry]
     per_step = [b - a for a, b in zip([0.0] + counts[:-1], counts, strict=True)][args.warmup :]
     lengths = [e["completions/mean_length"] for e in logs if "completions/mean_length" in e]
+    tokens = statistics.mean(per_step) if per_step else float("nan")
     return {
         "step_s": step,
-        "tokens_per_s": statistics.mean(per_step) / step if per_step else float("nan"),
+        "steps": timed,
+        "tokens": tokens,
+        "tokens_per_s": tokens / step,
         "completion_len": statistics.mean(lengths[args.warmup :]) if lengths else float("nan"),
         "rollout_s": float("nan"),
     }
@@ -303,6 +310,15 @@ def run_rollouts(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- report
 
 
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's rounds as one row: the median over every timed step of every round."""
+    steps = [t for r in runs for t in r["steps"]]
+    step = statistics.median(steps)
+    out = {k: statistics.mean(r[k] for r in runs) for k in runs[0] if k != "steps"}
+    out.update(step_s=step, steps=steps, tokens_per_s=out["tokens"] / step, rounds=len(runs))
+    return out
+
+
 def fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x != x else f"{x:.{digits}f}"
 
@@ -314,6 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--steps", type=int, default=8, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="runs of the default row and of TRL, alternating (load drift hits "
+                    "both); each row is the median over all their timed steps")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=15, help="rollout comparison runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-trl", action="store_true")
@@ -339,15 +358,20 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(f"# GRPO bench: B={args.batch} n={args.n} max_tokens={args.max_tokens} "
           f"steps={args.steps}(+{args.warmup} warm-up)", flush=True)  # fmt: skip
-    results["ours"] = run_ours(model_dir, args, None)
-    print(f"ours (default): {results['ours']}", flush=True)
+    ours, trl_runs = [], []
+    for r in range(args.rounds):
+        ours.append(run_ours(model_dir, args, None))
+        print(f"ours (default), round {r + 1}: {_brief(ours[-1])}", flush=True)
+        if not args.skip_trl:
+            trl_runs.append(run_trl(model_dir, args))
+            print(f"trl, round {r + 1}: {_brief(trl_runs[-1])}", flush=True)
+    results["ours"] = merge(ours)
+    if trl_runs:
+        results["trl"] = merge(trl_runs)
     results["ours_recompute"] = run_ours(model_dir, args, "recompute")
-    print(f"ours (recompute): {results['ours_recompute']}", flush=True)
+    print(f"ours (recompute): {_brief(results['ours_recompute'])}", flush=True)
     results["ours_rollout_lp"] = run_ours(model_dir, args, "rollout")
-    print(f"ours (rollout lp): {results['ours_rollout_lp']}", flush=True)
-    if not args.skip_trl:
-        results["trl"] = run_trl(model_dir, args)
-        print(f"trl: {results['trl']}", flush=True)
+    print(f"ours (rollout lp): {_brief(results['ours_rollout_lp'])}", flush=True)
     results["rollouts"] = run_rollouts(model_dir, args)
     print(f"rollouts: {results['rollouts']}", flush=True)
     results["load"] = {"start": load_start, "end": os.getloadavg()}
@@ -402,6 +426,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{results['load']['end'][0]:.1f}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+def _brief(r: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float))
 
 
 def _print_table(lines: list[list[str]], sep: str) -> None:

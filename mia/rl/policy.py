@@ -492,15 +492,21 @@ class PolicyModel:
         if self.cfg.loss.temperature != 1.0:
             logits = logits / self.cfg.loss.temperature
         targets = ids[:, first:]
-        lp = token_logprobs(logits, targets, self.cfg.logits_chunk_size)
+        # An entropy without gradient comes from the log-softmax the log-probs take anyway.
+        metric_entropy = need_entropy and (not entropy_grad or not torch.is_grad_enabled())
+        if metric_entropy:
+            lp, ent = token_logprobs(logits, targets, self.cfg.logits_chunk_size, True)
+        else:
+            lp = token_logprobs(logits, targets, self.cfg.logits_chunk_size)
         out = torch.zeros(b, length, dtype=lp.dtype, device=lp.device)
         out[:, lo + first : hi] = lp
         if resp is not None:  # tool/user tokens inside the response carry no log-prob either
             out = out * resp.to(out.device, out.dtype)
         ent_out = None
         if need_entropy:
-            with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-                ent = entropy_from_logits(logits, self.cfg.logits_chunk_size)
+            if not metric_entropy:
+                with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+                    ent = entropy_from_logits(logits, self.cfg.logits_chunk_size)
             ent_out = torch.zeros(b, length, dtype=ent.dtype, device=ent.device)
             ent_out[:, lo + first : hi] = ent
         return out, ent_out
