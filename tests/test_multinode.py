@@ -67,14 +67,17 @@ def test_grpo_step_with_one_worker_on_each_of_two_nodes(two_nodes, tmp_path: Pat
     torch.set_num_threads(1)
     tok = build_tokenizer()
     model_dir = save_tiny(tiny_qwen2(tok, seed=3), tok, tmp_path / "m")
-    data = make_samples(2, seed=5)
+    data = make_samples(2, seed=6)  # its rollouts' rewards differ: the update is not zero
 
     def episode():
         ep = make_episode(data)
         ep.cfg.max_turns = 1
         return ep
 
-    with Trainer(step_config(model_dir, tmp_path / "one"), episode(), text_reward, data) as t:
+    one = step_config(model_dir, tmp_path / "one")
+    # The per-tensor AdamW that FSDP runs, so the two updates are the same arithmetic.
+    one["policy"]["optim"]["fused"] = False
+    with Trainer(one, episode(), text_reward, data) as t:
         solo = t.fit()
         want = t.policy.state_dict_for_export()
 
@@ -102,8 +105,11 @@ def test_grpo_step_with_one_worker_on_each_of_two_nodes(two_nodes, tmp_path: Pat
     assert history[0]["rollout/n"] == solo[0]["rollout/n"] == 4.0
     assert history[0]["reward/mean"] == solo[0]["reward/mean"]  # same seeded rollouts
     assert history[0]["actor/grad_norm"] > 0
-    for key, value in want.items():  # the data-parallel update equals the single-process one
-        assert torch.allclose(got[key], value, atol=1e-5), key
+    # The data-parallel update equals the single-process one. Adam moves a weight by up to lr
+    # (1e-2) whatever its gradient's size, so the last bits that gloo's summation order changes
+    # in a near-0 gradient can move that weight by a few 1e-5: 1e-4 is 1 % of a step.
+    for key, value in want.items():
+        assert torch.allclose(got[key], value, atol=1e-4), key
 
 
 def test_cluster_without_room_names_the_bundles(two_nodes, tmp_path: Path) -> None:

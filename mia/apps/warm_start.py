@@ -53,6 +53,10 @@ RECIPE = "warm-start-sft"
 NOT_RECIPE = ("run_dir", "output_dir", "logging", "checkpoint_dir", "resume", "save_freq",
               "keep_last", "export", "export_dtype")  # fmt: skip
 
+# Execution-only options that the key hashes only when a recipe sets them: left unset they
+# choose how a step runs (fused AdamW or not), not what it computes beyond float rounding.
+UNSET_NOT_HASHED = (("policy", "optim", "fused"),)
+
 Log = Callable[[str], None]
 
 
@@ -321,6 +325,13 @@ def recipe_key(recipe: Mapping[str, Any], base: Mapping[str, Any]) -> str:
     parsed = WarmStartConfig.from_dict(dict(recipe))
     full = parsed.to_dict()  # defaults filled: a no-op edit keeps it
     semantic = {k: v for k, v in full.items() if k not in NOT_RECIPE and k != "model_path"}
+    for path in UNSET_NOT_HASHED:
+        *parents, leaf = path
+        node = semantic
+        for name in parents:
+            node = node.get(name) or {}
+        if leaf in node and node[leaf] is None:
+            node.pop(leaf)
     return _sha({"recipe": semantic, "data": parsed.fingerprint(), "base": dict(base)})[:16]
 
 
