@@ -142,6 +142,7 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     from mia.models.tiny import build_tokenizer
+    from mia.precision import autocast_dtype
 
     tok = build_tokenizer()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")
@@ -188,7 +189,9 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        # The precision ours chooses on this CPU (bf16 autocast where native), so both sides
+        # compute alike; MIA_BF16=0 makes both float32.
+        bf16=autocast_dtype("auto", "cpu") is not None,
         shuffle_dataset=False,
         dataloader_num_workers=0,
         seed=0,
