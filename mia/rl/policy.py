@@ -32,10 +32,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import re
 import shutil
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +41,15 @@ import numpy as np
 import torch
 
 from mia import precision
-from mia.config import from_dict, option, plain, section
 from mia.errors import MiaError
-from mia.models.hf import is_vision_config, load_hf_model, merge_lora_state_dict, write_hf_folder
+from mia.models.hf import is_vision_config, merge_lora_state_dict, write_hf_folder
 from mia.rl import dist as D
+from mia.rl.batches import PER_SAMPLE_LIST_KEYS as PER_SAMPLE_LIST_KEYS
+from mia.rl.batches import TOKEN_KEYS as TOKEN_KEYS
+from mia.rl.batches import Batch, split_batch, validate_batch
+from mia.rl.batches import batch_size as batch_size
+from mia.rl.batches import concat_batches as concat_batches
+from mia.rl.batches import slice_batch as slice_batch
 from mia.rl.grpo import (
     aggregate,
     entropy_from_logits,
@@ -55,16 +58,20 @@ from mia.rl.grpo import (
     sft_loss,
     token_logprobs,
 )
+from mia.rl.lr_schedule import LRSchedule
+from mia.rl.policy_build import build_module
+from mia.rl.policy_build import restrict_trainable as restrict_trainable
+from mia.rl.policy_config import LoraConfig as LoraConfig
+from mia.rl.policy_config import LossConfig as LossConfig
+from mia.rl.policy_config import OptimConfig as OptimConfig
+from mia.rl.policy_config import PolicyConfig
+from mia.rl.policy_config import config_from_dict as config_from_dict
+from mia.rl.policy_config import plain_config as plain_config
 
-Batch = dict[str, Any]
-TOKEN_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "response_mask",
-    "old_logprobs",
-    "ref_logprobs",
-    "rollout_logprobs",
-)
+# The batch helpers (mia.rl.batches), the LR schedule (mia.rl.lr_schedule), the config
+# dataclasses (mia.rl.policy_config) and the model building (mia.rl.policy_build) live in their
+# own modules; their names stay importable from here.
+
 # train_step metrics that are token-weighted means (summed as value x tokens, then / tokens).
 TOKEN_MEAN_METRICS = (
     "clipfrac",
@@ -74,226 +81,10 @@ TOKEN_MEAN_METRICS = (
     "token_entropy",
     "rollout_logprob_diff_mean",
 )
-PER_SAMPLE_LIST_KEYS = ("pixel_values", "image_grid_thw")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 
 
-# ----------------------------------------------------------------------------- configuration
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with a warmup and an optional cosine decay."""
-
-    lr: float = option(1e-6, "learning rate (the reference's veRL setting)")
-    weight_decay: float = option(0.01, "AdamW weight decay")
-    betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
-    eps: float = option(1e-8, "AdamW epsilon")
-    grad_clip: float = option(
-        1.0, "max global grad norm; <= 0 disables; a non-finite norm skips the step"
-    )
-    warmup_steps: int = option(0, "linear warmup: step s uses (s + 1) / warmup_steps of lr")
-    schedule: str = option("constant", "constant | cosine")
-    total_steps: int = option(0, "cosine only: the decay ends here")
-    min_lr_ratio: float = option(0.0, "cosine floor, as a fraction of lr")
-    fused: bool | None = option(
-        None,
-        "null = torch's fused AdamW kernel in a single process (the same update up to float "
-        "rounding; SmolLM2-135M on one CPU thread: 0.10 s per step instead of 0.54; what "
-        "transformers' Trainer uses) and the per-tensor loop under FSDP | true | false",
-    )
-
-
-@dataclass
-class LoraConfig:
-    """LoRA adapters (peft); rank 0 = full fine-tuning."""
-
-    rank: int = option(0, "0 = full fine-tuning; > 0 = LoRA (peft) on target_modules")
-    alpha: int = option(16, "LoRA alpha")
-    dropout: float = option(0.0, "LoRA dropout")
-    target_modules: list[str] = option(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "module names that get adapters",
-    )
-
-
-@dataclass
-class LossConfig:
-    """The clipped policy-gradient loss (veRL's defaults: clip 0.2, dual clip 3, token-mean,
-    no KL, no entropy bonus)."""
-
-    clip_low: float = option(0.2, "PPO ratio clip below 1")
-    clip_high: float = option(0.2, "PPO ratio clip above 1 (0.28 = DAPO clip-higher)")
-    clip_ratio_c: float | None = option(3.0, "dual clip for negative advantages; null = off")
-    agg: str = option(
-        "token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum"
-    )
-    kl_coef: float = option(
-        0.0, "> 0 adds a KL loss to a frozen reference (loaded only then; LoRA: adapters off)"
-    )
-    kl_kind: str = option("k3", "KL estimator: k1 | k2 | k3 (= veRL low_var_kl)")
-    entropy_coef: float = option(0.0, "entropy bonus")
-    temperature: float = option(
-        1.0,
-        "logits / temperature; must equal the trainer's sampling.temperature (checked; greedy "
-        "rollouts, temperature 0, take any)",
-    )
-
-
-@dataclass
-class PolicyConfig:
-    """The trainable policy (``trainer.policy``; SFT's ``policy``)."""
-
-    model_path: str = option(
-        "", "Hugging Face folder: a causal LM, or Qwen2.5-VL (image-text-to-text)"
-    )
-    trust_remote_code: bool = option(False, "let transformers run the folder's own code")
-    attn_implementation: str | None = option(
-        "auto",
-        "auto = sdpa, on a CPU with mia.llm.decode_attention's grouped matmuls for short "
-        "bf16 passes (<= 128 keys, ~2x faster than the CPU flash kernel there; text models) | "
-        "sdpa | eager | flash_attention_2 (GPU)",
-    )
-    device: str = option("auto", "auto (cuda if visible, else cpu) | cpu | cuda")
-    mixed_precision: str = option(
-        "auto",
-        "auto = bf16 autocast where the device computes it natively (GPU, or a CPU with "
-        "AVX512-BF16/AMX), else fp32 | bf16 | none (mia.precision)",
-    )
-    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass")
-    offload: bool = option(
-        False,
-        "GPU only: FSDP2 CPUOffloadPolicy -- parameters, gradients and optimizer state live in "
-        "host memory between uses (a 7B policy beside a vLLM engine); ignored on CPU",
-    )
-    trainable: list[str] = option(
-        [],
-        "regexes (re.search on parameter names) of the parameters that train, the others "
-        "frozen (after LoRA's selection); [] = all. E.g. the top layers of a small model on CPU",
-    )
-    micro_batch_size: int = option(
-        4, "samples per forward/backward on each rank (gradient accumulation)"
-    )
-    logprob_micro_batch_size: int = option(
-        8, "samples per forward when computing old/ref log-probs"
-    )
-    logits_chunk_size: int = option(4096, "rows per float32 log-softmax chunk")
-    seed: int = option(0, "torch seed of the policy")
-    optim: OptimConfig = section(OptimConfig, "the optimizer")
-    lora: LoraConfig = section(LoraConfig, "LoRA adapters")
-    loss: LossConfig = section(LossConfig, "the policy-gradient loss")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | PolicyConfig) -> PolicyConfig:
-        """Build from a plain/OmegaConf mapping (nested sections become dataclasses)."""
-        return from_dict(cls, data, "policy")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# One loader for every config (mia.config); the names stay importable from here.
-plain_config = plain
-config_from_dict = from_dict
-
-
-# ----------------------------------------------------------------------------- batches
-
-
-def batch_size(batch: Batch) -> int:
-    return int(batch["input_ids"].shape[0])
-
-
-def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
-    """Samples [start, stop) of a batch: tensors with a batch axis and per-sample lists alike."""
-    n = batch_size(batch)
-    out: Batch = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
-            out[key] = value[start:stop]
-        elif isinstance(value, list | tuple) and len(value) == n:
-            out[key] = list(value[start:stop])
-        else:
-            out[key] = value
-    return out
-
-
-def split_batch(batch: Batch, size: int) -> list[Batch]:
-    n = batch_size(batch)
-    return [slice_batch(batch, i, min(i + size, n)) for i in range(0, n, max(size, 1))]
-
-
-def concat_batches(batches: list[Batch]) -> Batch:
-    """Inverse of :func:`split_batch` for batches with the same token length."""
-    out: Batch = {}
-    for key, first in batches[0].items():
-        if isinstance(first, torch.Tensor) and first.dim() > 0:
-            out[key] = torch.cat([b[key] for b in batches])
-        elif isinstance(first, list):
-            out[key] = [x for b in batches for x in b[key]]
-        else:
-            out[key] = first
-    return out
-
-
-def validate_batch(batch: Batch, need: tuple[str, ...]) -> None:
-    missing = [k for k in need if k not in batch]
-    if missing:
-        raise MiaError(f"policy batch lacks {', '.join(missing)}")
-    shape = tuple(batch["input_ids"].shape)
-    if len(shape) != 2:
-        raise MiaError(f"input_ids must be [B, L], got {list(shape)}")
-    for key in TOKEN_KEYS:
-        if key in batch and batch[key] is not None and tuple(batch[key].shape) != shape:
-            raise MiaError(f"{key} has shape {list(batch[key].shape)}, input_ids {list(shape)}")
-    for key in PER_SAMPLE_LIST_KEYS:
-        value = batch.get(key)
-        if value is not None and (not isinstance(value, list) or len(value) != shape[0]):
-            raise MiaError(f"{key} must be a list with one entry (tensor or None) per sample")
-
-
-# ----------------------------------------------------------------------------- LR schedule
-
-
-class LRSchedule:
-    """lr multiplier per optimizer step; a plain object so LambdaLR can save its state."""
-
-    def __init__(self, warmup_steps: int, schedule: str, total_steps: int, min_lr_ratio: float):
-        if schedule not in ("constant", "cosine"):
-            raise MiaError(f"unknown lr schedule {schedule!r} (constant | cosine)")
-        if schedule == "cosine" and total_steps <= warmup_steps:
-            raise MiaError("a cosine schedule needs optim.total_steps > optim.warmup_steps")
-        self.warmup_steps = warmup_steps
-        self.schedule = schedule
-        self.total_steps = total_steps
-        self.min_lr_ratio = min_lr_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps  # the first step already learns
-        if self.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (
-            1 + math.cos(math.pi * progress)
-        )
-
-
 # ----------------------------------------------------------------------------- the policy
-
-
-def restrict_trainable(module: torch.nn.Module, patterns: list[str]) -> int:
-    """Freeze every trainable parameter whose name matches none of ``patterns`` (regexes,
-    ``re.search``); returns how many parameter tensors still train."""
-    compiled = [re.compile(p) for p in patterns]
-    kept = 0
-    for name, param in module.named_parameters():
-        if param.requires_grad and not any(c.search(name) for c in compiled):
-            param.requires_grad_(False)
-        kept += int(param.requires_grad)
-    if not kept:
-        raise MiaError(f"policy.trainable {patterns} matches no trainable parameter")
-    return kept
 
 
 class PolicyModel:
@@ -353,73 +144,9 @@ class PolicyModel:
         return precision.autocast_dtype(self.cfg.mixed_precision, self.device)
 
     def _build(self, trainable: bool) -> tuple[torch.nn.Module, Any]:
-        kwargs: dict[str, Any] = {"dtype": torch.float32}  # fp32 master weights
-        attn = self.cfg.attn_implementation
-        if attn:
-            kwargs["attn_implementation"] = "sdpa" if attn == "auto" else attn
-        hf = load_hf_model(self.cfg.model_path, self.cfg.trust_remote_code, **kwargs)
-        hf.config.use_cache = False
-        if attn == "auto" and self.autocast_dtype is not None:
-            from mia.llm.decode_attention import use_for_decode
-
-            use_for_decode(hf, self.device.type)  # float32 passes stay sdpa's, bit for bit
-        module: torch.nn.Module = hf
-        if trainable:
-            if self.cfg.gradient_checkpointing:
-                hf.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False}
-                )
-            if self.cfg.lora.rank > 0:
-                module = self._add_lora(hf)
-            if self.cfg.trainable:
-                restrict_trainable(module, self.cfg.trainable)
-        else:
-            module.requires_grad_(False)
-        module.to(self.device)
-        if self.dist.world_size > 1:
-            self._shard(module, hf)
-        module.train(trainable)
-        return module, hf
-
-    def _add_lora(self, hf: Any) -> torch.nn.Module:
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
-
-        lc = self.cfg.lora
-        if self.cfg.gradient_checkpointing:
-            hf.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
-        peft_cfg = PeftLoraConfig(
-            r=lc.rank,
-            lora_alpha=lc.alpha,
-            lora_dropout=lc.dropout,
-            target_modules=list(lc.target_modules),
+        return build_module(
+            self.cfg, self.device, self.dist.world_size, self.autocast_dtype, trainable
         )
-        return get_peft_model(hf, peft_cfg)
-
-    def _shard(self, module: torch.nn.Module, hf: Any) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mesh = init_device_mesh(self.device.type, (self.dist.world_size,))
-        kwargs: dict[str, Any] = {"mesh": mesh}
-        if self.autocast_dtype is not None:
-            # Gather parameters in bf16 (half the traffic), reduce gradients in fp32.
-            kwargs["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=self.autocast_dtype, reduce_dtype=torch.float32
-            )
-        # The units HF itself refuses to split (decoder layers, vision blocks) shard as groups:
-        # each is all-gathered just before its forward and freed right after.
-        if self.cfg.offload and self.device.type == "cuda":
-            from torch.distributed.fsdp import CPUOffloadPolicy
-
-            # Shards stay in pinned host memory; each unit is copied in just for its compute,
-            # and the optimizer steps on the host copies (its state lives there too).
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-        units = set(getattr(hf, "_no_split_modules", None) or [])
-        for sub in list(module.modules()):
-            if type(sub).__name__ in units:
-                fully_shard(sub, **kwargs)
-        fully_shard(module, **kwargs)
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -601,7 +328,6 @@ class PolicyModel:
         gap_check = (
             on_policy and batch.get("rollout_logprobs") is not None and lc.temperature == 1.0
         )
-        ws = self.dist.world_size
         mask = batch["response_mask"]
         # Global normalisers: shares of every micro-batch on every rank add up to the batch mean.
         counts = torch.tensor(
@@ -615,62 +341,9 @@ class PolicyModel:
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         for mb in self._micro_batches(batch, self.cfg.micro_batch_size):
-            mmask = mb["response_mask"].to(self.device)
-            mb_tokens = float(mmask.sum())
-            ref_lp = mb.get("ref_logprobs")
-            if lc.kl_coef > 0 and ref_lp is None:
-                with torch.no_grad():
-                    ref_lp = self._ref_forward(mb)
-            with self._autocast():
-                lp, ent = self._forward(
-                    self.module,
-                    mb,
-                    need_entropy=lc.entropy_coef != 0 or on_policy,
-                    entropy_grad=lc.entropy_coef != 0,
-                )
-            old = lp.detach() if on_policy else mb["old_logprobs"].to(self.device, lp.dtype)
-            pg, m = policy_loss(
-                lp,
-                old,
-                mb["advantages"].to(self.device, lp.dtype),
-                mmask,
-                clip_low=lc.clip_low,
-                clip_high=lc.clip_high,
-                clip_ratio_c=lc.clip_ratio_c,
-                agg=lc.agg,  # type: ignore[arg-type]
-                denom=denom,
-            )
-            loss = pg
-            parts = {"pg_loss": pg.detach()}
-            if lc.kl_coef > 0:
-                kl = aggregate(
-                    kl_penalty(lp, ref_lp.to(self.device, lp.dtype), lc.kl_kind),
-                    mmask,
-                    lc.agg,
-                    denom,
-                )  # type: ignore[arg-type]
-                loss = loss + lc.kl_coef * kl
-                parts["kl_loss"] = kl.detach()
-            if ent is not None and lc.entropy_coef != 0:
-                ent_term = aggregate(ent, mmask, lc.agg, denom)  # type: ignore[arg-type]
-                loss = loss - lc.entropy_coef * ent_term
-                parts["entropy"] = ent_term.detach()
-            if on_policy and ent is not None:  # the metric the recomputing caller would log
-                sums["token_entropy"] = sums.get("token_entropy", 0.0) + float(
-                    (ent.detach() * mmask).sum()
-                )
-            if gap_check:
-                gap = (mb["rollout_logprobs"].to(self.device, lp.dtype) - old).abs() * mmask
-                key = "rollout_logprob_diff_mean"
-                sums[key] = sums.get(key, 0.0) + float(gap.sum())
-                gap_max = max(gap_max, float(gap.max()))
-            # FSDP averages gradients over ranks; the shares are already global, so undo that.
-            (loss * ws).backward()
-            parts["loss"] = loss.detach()
-            for key, value in parts.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            for key in ("clipfrac", "clipfrac_dual", "approx_kl", "ratio_mean"):
-                sums[key] = sums.get(key, 0.0) + float(m[key]) * mb_tokens  # token-weighted
+            m, mb_tokens, gap = self._micro_batch_loss(mb, denom, on_policy, gap_check, sums)
+            if gap is not None:
+                gap_max = max(gap_max, gap)
             if mb_tokens:
                 ratio_max = max(ratio_max, float(m["ratio_max"]))
                 ratio_min = min(ratio_min, float(m["ratio_min"]))
@@ -691,6 +364,72 @@ class PolicyModel:
             skipped=0.0 if stepped else 1.0,
         )
         return metrics
+
+    def _micro_batch_loss(
+        self, mb: Batch, denom: float, on_policy: bool, gap_check: bool, sums: dict[str, float]
+    ) -> tuple[dict[str, Any], float, float | None]:
+        """Forward, loss and backward of one :meth:`train_step` micro-batch; adds its metric
+        sums to ``sums``. Returns :func:`~mia.rl.grpo.policy_loss`'s metrics, the micro-batch's
+        response tokens and (``gap_check``) its largest rollout/trainer log-prob gap."""
+        lc = self.cfg.loss
+        largest_gap = None
+        mmask = mb["response_mask"].to(self.device)
+        mb_tokens = float(mmask.sum())
+        ref_lp = mb.get("ref_logprobs")
+        if lc.kl_coef > 0 and ref_lp is None:
+            with torch.no_grad():
+                ref_lp = self._ref_forward(mb)
+        with self._autocast():
+            lp, ent = self._forward(
+                self.module,
+                mb,
+                need_entropy=lc.entropy_coef != 0 or on_policy,
+                entropy_grad=lc.entropy_coef != 0,
+            )
+        old = lp.detach() if on_policy else mb["old_logprobs"].to(self.device, lp.dtype)
+        pg, m = policy_loss(
+            lp,
+            old,
+            mb["advantages"].to(self.device, lp.dtype),
+            mmask,
+            clip_low=lc.clip_low,
+            clip_high=lc.clip_high,
+            clip_ratio_c=lc.clip_ratio_c,
+            agg=lc.agg,  # type: ignore[arg-type]
+            denom=denom,
+        )
+        loss = pg
+        parts = {"pg_loss": pg.detach()}
+        if lc.kl_coef > 0:
+            kl = aggregate(
+                kl_penalty(lp, ref_lp.to(self.device, lp.dtype), lc.kl_kind),
+                mmask,
+                lc.agg,
+                denom,
+            )  # type: ignore[arg-type]
+            loss = loss + lc.kl_coef * kl
+            parts["kl_loss"] = kl.detach()
+        if ent is not None and lc.entropy_coef != 0:
+            ent_term = aggregate(ent, mmask, lc.agg, denom)  # type: ignore[arg-type]
+            loss = loss - lc.entropy_coef * ent_term
+            parts["entropy"] = ent_term.detach()
+        if on_policy and ent is not None:  # the metric the recomputing caller would log
+            sums["token_entropy"] = sums.get("token_entropy", 0.0) + float(
+                (ent.detach() * mmask).sum()
+            )
+        if gap_check:
+            gap = (mb["rollout_logprobs"].to(self.device, lp.dtype) - old).abs() * mmask
+            key = "rollout_logprob_diff_mean"
+            sums[key] = sums.get(key, 0.0) + float(gap.sum())
+            largest_gap = float(gap.max())
+        # FSDP averages gradients over ranks; the shares are already global, so undo that.
+        (loss * self.dist.world_size).backward()
+        parts["loss"] = loss.detach()
+        for key, value in parts.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+        for key in ("clipfrac", "clipfrac_dual", "approx_kl", "ratio_mean"):
+            sums[key] = sums.get(key, 0.0) + float(m[key]) * mb_tokens  # token-weighted
+        return m, mb_tokens, largest_gap
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step: cross-entropy on the ``response_mask`` tokens.

@@ -32,265 +32,51 @@ requests); ``fit`` runs through the same two methods.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
-import math
 import shutil
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from mia.config import from_dict, option, section
 from mia.errors import MiaError
-from mia.heap import peak_resident_bytes, resident_bytes, trim_heap
+from mia.heap import trim_heap
 from mia.llm.base import SamplingParams
 from mia.paths import resolve_run_dir
-from mia.rl.episode import Episode, Rollout, SeededGenerator, collate, mix_seed
+from mia.rl.batches import Batch, slice_batch
+from mia.rl.data_cursor import DataCursor
+from mia.rl.episode import Episode, collate
 from mia.rl.generators.base import GeneratorConfig
 from mia.rl.grpo import group_advantages
-from mia.rl.metrics import LoggingConfig, MetricsLogger
-from mia.rl.policy import Batch, PolicyConfig, concat_batches, slice_batch
-from mia.rl.workers import WorkersConfig
+from mia.rl.metrics import MetricsLogger
+from mia.rl.rollouts import (
+    GroupReward,
+    RewardFn,
+    RolloutResult,
+    drop_failed_groups,
+    dump_rollouts,
+    maybe_await,
+    pad_id,
+    pad_rows,
+    run_rollouts,
+)
+from mia.rl.rollouts import group_results as group_results
+from mia.rl.step_metrics import masked_mean, mean, numeric_extras, step_metrics
+from mia.rl.trainer_config import OLD_LOGPROB_MODES as OLD_LOGPROB_MODES
+from mia.rl.trainer_config import ROLLOUT_ERROR_MODES as ROLLOUT_ERROR_MODES
+from mia.rl.trainer_config import SYNC_MODES as SYNC_MODES
+from mia.rl.trainer_config import TrainerConfig
+from mia.rl.trainer_config import check_loss_temperature as check_loss_temperature
+
+# The config (mia.rl.trainer_config), the data position (mia.rl.data_cursor), the rollouts and
+# update batches (mia.rl.rollouts) and the step metrics (mia.rl.step_metrics) live in their own
+# modules; their names stay importable from here.
 
 log = logging.getLogger("mia.rl.trainer")
-
-RewardFn = Callable[[Mapping[str, Any], Any], Any]  # -> float | (float, dict) | awaitable
-# group_reward(results): rescores one collection's results in place (sync or async), e.g. a
-# majority vote over each group of n rollouts when there is no ground truth.
-GroupReward = Callable[[list["RolloutResult"]], Any]
-OLD_LOGPROB_MODES = ("auto", "recompute", "rollout")
-SYNC_MODES = ("state_dict", "folder")
-ROLLOUT_ERROR_MODES = ("raise", "drop")
-
-
-def _default_sampling() -> dict[str, Any]:
-    return {"temperature": 1.0, "top_p": 1.0, "max_tokens": 512}
-
-
-@dataclass
-class TrainerConfig:
-    """The GRPO trainer (``python -m mia.rl``; a role's ``trainer`` section)."""
-
-    model_path: str = option(
-        "", "Hugging Face folder; fills policy.model_path and generator.model_path when unset"
-    )
-    run_dir: str = option("", '"" = $MIA_HOME/runs/grpo-<date>-<time>')
-    seed: int = option(0, "data order, rollout sampling seeds, torch")
-    total_steps: int | None = option(None, "null = epochs x (len(train data) // batch_size)")
-    epochs: int = option(1, "passes over the train data")
-    batch_size: int = option(8, "prompts per step")
-    n: int = option(8, "rollouts per prompt (the GRPO group size)")
-    mini_batch_size: int | None = option(
-        None, "sequences per optimizer step; null = all batch_size x n at once"
-    )
-    ppo_epochs: int = option(1, "passes over each step's rollouts")
-    shuffle: bool = option(True, "reshuffle the data every epoch (from seed)")
-    norm_adv_by_std: bool = option(
-        True, "GRPO: (r - mean) / std per group; false = Dr. GRPO (r - mean)"
-    )
-    old_logprobs: str = option(
-        "auto",
-        "auto: with one optimizer step per batch (ppo_epochs 1, one mini-batch) the update's own "
-        "log-probs, detached (exact: the weights are those that sampled the batch; TRL with "
-        "num_iterations=1), else recompute | recompute: one more policy forward before the "
-        "updates | rollout: the generator's (no forward; needs loss.temperature 1)",
-    )
-    weight_sync: str = option(
-        "state_dict", "state_dict: in-process copy | folder: export a HF folder + reload"
-    )
-    max_concurrent_rollouts: int | None = option(
-        None, "rollouts in flight at once; null = all of the step's"
-    )
-    rollout_errors: str = option(
-        "raise", "raise | drop (a failed rollout drops its whole group, logged)"
-    )
-    skip_tied_steps: bool = option(
-        True,
-        "no optimizer step when every group is tied (all advantages 0): Adam would still move "
-        "the weights along its stale momentum, with no learning signal",
-    )
-    sampling: dict[str, Any] = section(
-        _default_sampling,
-        "rollout sampling (mia.llm.SamplingParams; max_tokens per assistant turn); the agent "
-        "config may override",
-    )
-    save_freq: int = option(0, "checkpoint every K steps; 0 = only at the end; -1 = never")
-    keep_last: int | None = option(None, "keep this many newest checkpoints; null = all")
-    checkpoint_dir: str | None = option(None, "null = <run_dir>/checkpoints")
-    resume: bool | str = option(
-        False, "true = the latest complete checkpoint under checkpoint_dir | a step folder"
-    )
-    val_every: int = option(0, "validate on the val data every K steps; 0 = never")
-    val_at_start: bool = option(False, "validate before the first step")
-    val_n: int = option(1, "rollouts per validation sample")
-    val_sampling: dict[str, Any] = option(
-        {}, "overrides of sampling for validation, e.g. {temperature: 0}"
-    )
-    log_rollouts: int = option(0, "rollouts per step written to <run_dir>/rollouts.jsonl")
-    logging: LoggingConfig = section(LoggingConfig, "console, JSONL and wandb metrics")
-    policy: PolicyConfig = section(PolicyConfig, "the trainable policy (model, optimizer, loss)")
-    workers: WorkersConfig = section(WorkersConfig, "how the policy runs (ray | single_process)")
-    generator: GeneratorConfig = section(
-        lambda: GeneratorConfig(max_batch_size=64),
-        "the rollout generator (transformers | vllm); max_batch_size 64: n x batch_size "
-        "rollouts decode together",
-    )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | TrainerConfig) -> TrainerConfig:
-        if isinstance(data, cls):
-            return data.validate()
-        return from_dict(cls, data, "trainer")
-
-    def validate(self) -> TrainerConfig:
-        if not self.policy.model_path:
-            self.policy.model_path = self.model_path
-        if not self.generator.model_path and self.generator.backend == "vllm":
-            self.generator.model_path = self.policy.model_path
-        if not self.policy.model_path:
-            raise MiaError("trainer: set model_path (a Hugging Face model folder)")
-        checks = [
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.n >= 1, "n must be >= 1"),
-            (self.epochs >= 1, "epochs must be >= 1"),
-            (self.total_steps is None or self.total_steps >= 0, "total_steps must be >= 0"),
-            (self.ppo_epochs >= 1, "ppo_epochs must be >= 1"),
-            (
-                self.mini_batch_size is None or self.mini_batch_size >= 1,
-                "mini_batch_size must be >= 1 or null",
-            ),
-            (self.old_logprobs in OLD_LOGPROB_MODES, f"old_logprobs: one of {OLD_LOGPROB_MODES}"),
-            (self.weight_sync in SYNC_MODES, f"weight_sync: one of {SYNC_MODES}"),
-            (
-                self.rollout_errors in ROLLOUT_ERROR_MODES,
-                f"rollout_errors: one of {ROLLOUT_ERROR_MODES}",
-            ),
-            (self.save_freq >= -1, "save_freq must be >= -1"),
-            (self.val_every >= 0 and self.val_n >= 1, "val_every >= 0 and val_n >= 1"),
-            (
-                self.max_concurrent_rollouts is None or self.max_concurrent_rollouts >= 1,
-                "max_concurrent_rollouts must be >= 1 or null",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise MiaError(f"trainer: {message}")
-        known = {f.name for f in fields(SamplingParams)}
-        for name, params in (("sampling", self.sampling), ("val_sampling", self.val_sampling)):
-            bad = sorted(set(params) - known)
-            if bad:
-                raise MiaError(f"trainer: unknown {name} key(s) {bad} (known: {sorted(known)})")
-        if self.old_logprobs == "rollout" and self.policy.loss.temperature != 1.0:
-            # Generators report log-probs of the raw distribution (before temperature).
-            raise MiaError(
-                "trainer: old_logprobs=rollout needs policy.loss.temperature=1.0 (generators "
-                "return raw log-probs); use old_logprobs=recompute"
-            )
-        check_loss_temperature(SamplingParams(**self.sampling).temperature, self, "sampling")
-        if self.workers.ray_address is None:  # a private single-node cluster: this machine
-            from mia.rl import placement
-
-            placement.check_placement(self, placement.node_gpus())
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def check_loss_temperature(sampled: float, cfg: TrainerConfig, where: str) -> None:
-    """Rollouts sampled at ``sampled`` must be scored by the loss at the same temperature, or
-    the loss weighs tokens under another distribution than the one that drew them (greedy
-    rollouts, temperature 0, take any). ``where`` names the setting that sampled them."""
-    if sampled > 0 and sampled != cfg.policy.loss.temperature:
-        raise MiaError(
-            f"trainer: {where}.temperature={sampled:g} but policy.loss.temperature="
-            f"{cfg.policy.loss.temperature:g}; set both to the same value (0 = greedy rollouts, "
-            "any loss temperature)"
-        )
-
-
-# ----------------------------------------------------------------------------- data position
-
-
-class DataCursor:
-    """Batches of dataset indices, reshuffled each epoch from (seed, epoch); drop-last.
-
-    Its state (epoch, cursor) is all a resumed run needs to continue with the next batch.
-    """
-
-    def __init__(
-        self, size: int, batch_size: int, shuffle: bool, seed: int, epoch: int = 0, cursor: int = 0
-    ) -> None:
-        if size < batch_size:
-            raise MiaError(f"the dataset has {size} samples, fewer than batch_size={batch_size}")
-        self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
-        self.epoch, self.cursor = epoch, cursor
-        self._order = self._make_order(epoch)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.size // self.batch_size
-
-    def _make_order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.size)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
-
-    def next(self) -> list[int]:
-        if self.cursor + self.batch_size > self.size:
-            self.epoch += 1
-            self.cursor = 0
-            self._order = self._make_order(self.epoch)
-        idx = self._order[self.cursor : self.cursor + self.batch_size].tolist()
-        self.cursor += self.batch_size
-        return [int(i) for i in idx]
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "cursor": self.cursor}
-
-
-# ----------------------------------------------------------------------------- rollouts
-
-
-@dataclass
-class RolloutResult:
-    sample: Mapping[str, Any]
-    group: str
-    index: int
-    trajectory: Any = None
-    reward: float = 0.0
-    extras: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    seconds: float = 0.0
-
-
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
-def _split_reward(value: Any) -> tuple[float, dict[str, Any]]:
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
-        score, extras = value
-    else:
-        score, extras = value, {}
-    try:
-        score = float(score)
-    except (TypeError, ValueError):
-        raise MiaError(f"reward_fn must return a number or (number, dict), got {value!r}") from None
-    if not math.isfinite(score):
-        raise MiaError(f"reward_fn returned a non-finite reward {score}")
-    return score, dict(extras)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else float("nan")
 
 
 def _log_failed(results: Sequence[RolloutResult]) -> None:
@@ -621,13 +407,12 @@ class Trainer:
         timing: dict[str, float] = {"rollout": self._rollout_seconds}
         self._rollout_seconds = 0.0
         step = self.step + 1
-        results, n_dropped = self._drop_failed_groups(list(results))
+        results, n_dropped = drop_failed_groups(list(results), step)
 
         rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
         groups = [r.group for r in results]
         adv = group_advantages(rewards, group_ids=groups, norm_by_std=cfg.norm_adv_by_std)
-        pad_id = _pad_id(self.generator)
-        batch = collate([r.trajectory for r in results], pad_id)
+        batch = collate([r.trajectory for r in results], pad_id(self.generator))
         batch["advantages"] = adv
         rollout_lps = batch.pop("rollout_logprobs", None)
         mask = batch["response_mask"].float()
@@ -644,13 +429,13 @@ class Trainer:
         elif mode == "recompute":
             old, ent = self.policy.compute_logprobs(batch, return_entropy=True)
             batch["old_logprobs"] = old * mask
-            metrics["actor/entropy"] = _masked_mean(ent, mask)
+            metrics["actor/entropy"] = masked_mean(ent, mask)
             if rollout_lps is not None and cfg.policy.loss.temperature == 1.0:
                 # The gap between generator and trainer log-probs of the same tokens: ~0 when
                 # weight sync works (numerics aside), large when the generator is stale. Only
                 # untempered: generators return the raw distribution's log-probs.
                 gap = (rollout_lps - batch["old_logprobs"]).abs()
-                metrics["rollout/logprob_diff_mean"] = _masked_mean(gap, mask)
+                metrics["rollout/logprob_diff_mean"] = masked_mean(gap, mask)
                 metrics["rollout/logprob_diff_max"] = float((gap * mask).max())
         else:
             if rollout_lps is None:
@@ -676,8 +461,8 @@ class Trainer:
         timing["sync"] = time.perf_counter() - t0
 
         timing["step"] = timing["rollout"] + time.perf_counter() - t_learn
-        metrics.update(self._step_metrics(results, batch, update, timing, n_dropped))
-        self._dump_rollouts(results)
+        metrics.update(step_metrics(results, batch, update, timing, n_dropped))
+        dump_rollouts(self.run_dir / "rollouts.jsonl", self.step, results, self.cfg.log_rollouts)
         self.history.append({"step": self.step, **metrics})
         if log:
             self.log_metrics(metrics)
@@ -715,7 +500,7 @@ class Trainer:
         out = []
         for _ in range(self.cfg.ppo_epochs):
             for start in range(0, n, mbs):
-                mb = _pad_rows(slice_batch(batch, start, min(start + mbs, n)), ws)
+                mb = pad_rows(slice_batch(batch, start, min(start + mbs, n)), ws)
                 out.append(self.policy.train_step(mb))
         return out
 
@@ -742,67 +527,22 @@ class Trainer:
         phase: str,
         episode: Episode | None = None,
     ) -> list[RolloutResult]:
-        results = await self._rollouts(samples, n, sampling, step, phase, episode or self.episode)
+        results = await run_rollouts(
+            samples,
+            n,
+            sampling,
+            step,
+            phase,
+            episode or self.episode,
+            generator=self.generator,
+            reward_fn=self.reward_fn,
+            seed=self.cfg.seed,
+            max_concurrent=self.cfg.max_concurrent_rollouts,
+            rollout_errors=self.cfg.rollout_errors,
+        )
         if self.group_reward is not None:
-            await _maybe_await(self.group_reward(results))
+            await maybe_await(self.group_reward(results))
         return results
-
-    async def _rollouts(
-        self,
-        samples: Sequence[Mapping[str, Any]],
-        n: int,
-        sampling: SamplingParams,
-        step: int,
-        phase: str,
-        episode: Episode,
-    ) -> list[RolloutResult]:
-        limit = self.cfg.max_concurrent_rollouts
-        sem = asyncio.Semaphore(limit) if limit else None
-
-        async def one(i: int, j: int) -> RolloutResult:
-            sample = samples[i]
-            group = f"{phase}-{step}-{i}"
-            seed = mix_seed(self.cfg.seed, phase, step, i, j)
-            rollout = Rollout(
-                generator=SeededGenerator(self.generator, seed),
-                sampling=sampling,
-                step=step,
-                group=group,
-                index=j,
-                seed=seed,
-            )
-            res = RolloutResult(sample=sample, group=group, index=j)
-            t0 = time.perf_counter()
-            try:
-                if sem is not None:
-                    async with sem:
-                        res.trajectory = await episode.run(sample, rollout)
-                else:
-                    res.trajectory = await episode.run(sample, rollout)
-                score = await _maybe_await(self.reward_fn(sample, res.trajectory))
-                res.reward, res.extras = _split_reward(score)
-            except MiaError as err:
-                if self.cfg.rollout_errors == "raise":
-                    raise
-                res.error = str(err)
-            except Exception as err:
-                if self.cfg.rollout_errors == "raise":
-                    raise
-                res.error = "".join(traceback.format_exception_only(err)).strip()
-            res.seconds = time.perf_counter() - t0
-            return res
-
-        tasks = [one(i, j) for i in range(len(samples)) for j in range(n)]
-        return list(await asyncio.gather(*tasks))
-
-    def _drop_failed_groups(self, results: list[RolloutResult]) -> tuple[list[RolloutResult], int]:
-        failed = {r.group for r in results if r.error is not None}
-        if not failed:
-            return results, 0
-        kept = [r for r in results if r.group not in failed]
-        if not kept:
-            raise MiaError(f"every rollout group failed at step {self.step + 1}")
-        return kept, len(results) - len(kept)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(
@@ -826,156 +566,10 @@ class Trainer:
         if not ok:
             raise MiaError("evaluate: every rollout failed")
         out = {
-            "val/reward_mean": _mean([r.reward for r in ok]),
+            "val/reward_mean": mean([r.reward for r in ok]),
             "val/n": float(len(ok)),
             "val/failed": float(len(results) - len(ok)),
         }
-        for key, values in _numeric_extras(ok).items():
-            out[f"val/{key}"] = _mean(values)
+        for key, values in numeric_extras(ok).items():
+            out[f"val/{key}"] = mean(values)
         return out
-
-    # ------------------------------------------------------------------ metrics
-    def _step_metrics(
-        self,
-        results: list[RolloutResult],
-        batch: Batch,
-        updates: list[dict[str, float]],
-        timing: dict[str, float],
-        n_dropped: int,
-    ) -> dict[str, Any]:
-        rewards = np.array([r.reward for r in results], dtype=np.float64)
-        mask = batch["response_mask"]
-        attn = batch["attention_mask"]
-        policy_tokens = mask.sum(-1).double()
-        n_resp = [len(r.trajectory.response_ids) for r in results]
-        n_prompt = [len(r.trajectory.prompt_ids) for r in results]
-        total_tokens = float(attn.sum())
-        solved = {}
-        for r in results:
-            solved[r.group] = max(solved.get(r.group, 0.0), r.reward)
-        m: dict[str, Any] = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()),
-            "reward/max": float(rewards.max()),
-            "reward/min": float(rewards.min()),
-            "reward/groups_all_equal": _frac_equal_groups(results),
-            "advantage/abs_mean": float(batch["advantages"].abs().mean()),
-            "response/policy_tokens_mean": float(policy_tokens.mean()),
-            "response/policy_tokens_max": float(policy_tokens.max()),
-            "response/length_mean": _mean(n_resp),
-            "response/length_max": float(max(n_resp)),
-            "prompt/length_mean": _mean(n_prompt),
-            "rollout/n": float(len(results)),
-            "rollout/dropped": float(n_dropped),
-        }
-        for key, values in _numeric_extras(results).items():
-            m[f"reward/{key}"] = _mean(values)
-        agg = {k: _mean([u[k] for u in updates if k in u]) for k in updates[0]} if updates else {}
-        names = {
-            "loss": "actor/loss",
-            "pg_loss": "actor/pg_loss",
-            "kl_loss": "actor/kl_ref",
-            "clipfrac": "actor/pg_clipfrac",
-            "clipfrac_dual": "actor/pg_clipfrac_dual",
-            "approx_kl": "actor/approx_kl",
-            "ratio_mean": "actor/ratio_mean",
-            "grad_norm": "actor/grad_norm",
-        }
-        if "token_entropy" in agg:  # old_logprobs=auto, measured by the update (one of them)
-            names["token_entropy"] = "actor/entropy"
-            names["rollout_logprob_diff_mean"] = "rollout/logprob_diff_mean"
-            names["rollout_logprob_diff_max"] = "rollout/logprob_diff_max"
-        for src, dst in names.items():
-            if src in agg:
-                m[dst] = agg[src]
-        if "entropy" in agg and "actor/entropy" not in m:
-            m["actor/entropy"] = agg["entropy"]
-        m["actor/updates"] = float(len(updates))
-        if updates:
-            m["actor/lr"] = updates[-1]["lr"]
-            m["actor/skipped"] = float(sum(u.get("skipped", 0.0) for u in updates))
-        for key, seconds in timing.items():
-            m[f"time/{key}"] = seconds
-        m["perf/tokens_per_s"] = total_tokens / max(timing["step"], 1e-9)
-        m["perf/gen_tokens_per_s"] = float(policy_tokens.sum()) / max(timing["rollout"], 1e-9)
-        m["perf/total_tokens"] = total_tokens
-        # This process: the generator's, and the policy's with workers.mode=single_process.
-        m["perf/rss_gb"] = resident_bytes() / 2**30
-        peak = peak_resident_bytes()
-        if peak is not None:
-            m["perf/max_rss_gb"] = peak / 2**30
-        return m
-
-    def _dump_rollouts(self, results: list[RolloutResult]) -> None:
-        k = self.cfg.log_rollouts
-        if k <= 0:
-            return
-        import json
-
-        with (self.run_dir / "rollouts.jsonl").open("a", encoding="utf-8") as f:
-            for r in results[:k]:
-                traj = r.trajectory
-                body = traj.to_dict(tokens=False) if hasattr(traj, "to_dict") else repr(traj)
-                record = {
-                    "step": self.step,
-                    "group": r.group,
-                    "index": r.index,
-                    "reward": r.reward,
-                    "extras": r.extras,
-                    "trajectory": body,
-                }
-                f.write(json.dumps(record, default=str) + "\n")
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def group_results(results: Sequence[RolloutResult]) -> dict[str, list[RolloutResult]]:
-    """Results per group id, groups and rollouts in order."""
-    groups: dict[str, list[RolloutResult]] = {}
-    for r in results:
-        groups.setdefault(r.group, []).append(r)
-    return groups
-
-
-def _pad_id(generator: Any) -> int:
-    tok = getattr(generator, "tokenizer", None)
-    pad = getattr(tok, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(tok, "eos_token_id", None)
-    return int(pad) if pad is not None else 0
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _pad_rows(batch: Batch, multiple: int) -> Batch:
-    """Pad a batch to a multiple of the world size with copies of its last row whose response
-    mask and advantage are zero: they add nothing to the loss or the token count."""
-    n = int(batch["input_ids"].shape[0])
-    extra = (-n) % multiple
-    if not extra:
-        return batch
-    filler = slice_batch(batch, n - 1, n)
-    filler["response_mask"] = torch.zeros_like(filler["response_mask"])
-    filler["advantages"] = torch.zeros_like(filler["advantages"])
-    return concat_batches([batch] + [filler] * extra)
-
-
-def _numeric_extras(results: Sequence[RolloutResult]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for r in results:
-        for key, value in r.extras.items():
-            if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-                out.setdefault(key, []).append(float(value))
-    return out
-
-
-def _frac_equal_groups(results: Sequence[RolloutResult]) -> float:
-    """Share of groups whose rewards are all equal (they get zero advantage: no signal)."""
-    by_group: dict[str, list[float]] = {}
-    for r in results:
-        by_group.setdefault(r.group, []).append(r.reward)
-    flat = [max(v) - min(v) < 1e-9 for v in by_group.values()]
-    return float(sum(flat) / len(flat)) if flat else 0.0
