@@ -64,14 +64,20 @@ def text_reward_value(text: str) -> float:
 # ----------------------------------------------------------------------------- ours
 
 
-class ChatTurn:
-    """One assistant turn from a chat prompt: the single-turn episode TRL's loop also runs."""
+def bench_messages(sample: dict) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": sample["q"]}]
 
-    def __init__(self, tokenizer: Any) -> None:
+
+class ChatTurn:
+    """One assistant turn from a chat prompt (``messages_of(sample)``): the single-turn episode
+    TRL's loop also runs for a conversational row (bench/rl_parity.py uses it too)."""
+
+    def __init__(self, tokenizer: Any, messages_of: Any = bench_messages) -> None:
         self.tok = tokenizer
+        self.messages_of = messages_of
 
     async def run(self, sample: dict, rollout: Any) -> Any:
-        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": sample["q"]}]
+        msgs = self.messages_of(sample)
         text = self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         ids = self.tok.encode(text, add_special_tokens=False)
         res = await rollout.generator.generate(ids, rollout.sampling)

@@ -180,27 +180,11 @@ def heldout_accuracy(model: Any, tok: Any, held: list[tuple[int, int]], max_toke
 # ----------------------------------------------------------------------------- ours
 
 
-class ChatTurn:
+def chat_turn(tokenizer: Any) -> Any:
     """One assistant turn from the chat prompt (what TRL's loop runs for a conversational row)."""
+    from grpo_bench import ChatTurn  # bench/ is on sys.path when a bench script runs
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-
-    async def run(self, sample: dict, rollout: Any) -> Any:
-        text = self.tok.apply_chat_template(
-            messages(sample["a"], sample["b"]), tokenize=False, add_generation_prompt=True
-        )
-        ids = self.tok.encode(text, add_special_tokens=False)
-        res = await rollout.generator.generate(ids, rollout.sampling)
-
-        class Traj:
-            prompt_ids = ids
-            response_ids = list(res.token_ids)
-            response_mask = [1] * len(res.token_ids)
-            rollout_logprobs = list(res.logprobs)
-            final_text = res.text
-
-        return Traj()
+    return ChatTurn(tokenizer, lambda sample: messages(sample["a"], sample["b"]))
 
 
 class Recorded(list):
@@ -255,7 +239,7 @@ def run_ours(
         "generator": {"max_batch_size": args.batch * args.n},
         "logging": {"console": False, "jsonl": False},
     }
-    trainer = Trainer(cfg, ChatTurn(tok), reward, data)
+    trainer = Trainer(cfg, chat_turn(tok), reward, data)
     trainer.setup()
     state = {"t": time.perf_counter()}
 
