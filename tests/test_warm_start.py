@@ -7,6 +7,7 @@ A tiny Qwen2 stands in for SmolLM2 (the base model is injectable); the recipe is
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,12 @@ def _leftovers(home: Path) -> list[str]:
     return sorted(n for n in names if not n.endswith(".lock") and n != ".warm-runs")
 
 
-def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
+def test_interrupted_build_leaves_no_cache_and_the_next_call_resumes(
     home: Path, base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recipe = warm_start.warm_recipe("executor", OVERRIDES)
+    key = warm_start.recipe_key(recipe, warm_start.base_fingerprint(base))
+    monkeypatch.setattr(warm_start, "RESUME_EVERY", 1)
     real_step = sft.SftRun.train_step
     calls = {"n": 0}
 
@@ -72,7 +75,8 @@ def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
             "executor", home=home, base_model_dir=base, recipe=recipe, log=None
         )
     assert calls["n"] == 2
-    assert _leftovers(home) == []  # no half cache, no temporary folder, no run folder
+    # No half cache and no temporary folder; the run folder keeps step 1's checkpoint.
+    assert _leftovers(home) == [f".warm-runs/executor-{key}"]
     assert len(list((home / "data" / "gold").glob("*.jsonl"))) == 1  # the gold data is kept
 
     monkeypatch.setattr(sft.SftRun, "train_step", real_step)
@@ -80,9 +84,11 @@ def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
     path = warm_start.warm_role_dir(
         "executor", home=home, base_model_dir=base, recipe=recipe, log=lines.append
     )
-    key = warm_start.recipe_key(recipe, warm_start.base_fingerprint(base))
     assert path == home / "models" / f"warm-executor-{key}"
-    assert _leftovers(home) == [path.name]
+    assert _leftovers(home) == [path.name]  # built: the run folder is gone
+    assert any(
+        line.startswith("sft: resumed from ") and line.endswith("at step 1") for line in lines
+    )
     marker = json.loads((path / "mia-model.json").read_text())
     assert (marker["recipe"], marker["role"], marker["key"], marker["steps"]) == (
         "warm-start-sft",
@@ -90,7 +96,8 @@ def test_interrupted_build_leaves_no_cache_and_the_next_call_builds(
         key,
         3,
     )
-    assert marker["val_loss_end"] < marker["val_loss_start"]
+    # A resumed run has no start loss (eval_at_start ran in the first process).
+    assert marker["val_loss_start"] is None and math.isfinite(marker["val_loss_end"])
     assert any(line.startswith("warm start [executor]: done") for line in lines)
     assert not any(line.startswith("gold:") for line in lines)  # reused from the failed run
 

@@ -57,6 +57,9 @@ NOT_RECIPE = ("run_dir", "output_dir", "logging", "checkpoint_dir", "resume", "s
 # choose how a step runs (fused AdamW or not), not what it computes beyond float rounding.
 UNSET_NOT_HASHED = (("policy", "optim", "fused"),)
 
+# SFT steps between the resumable checkpoints of a warm-start build.
+RESUME_EVERY = 40
+
 Log = Callable[[str], None]
 
 
@@ -582,33 +585,33 @@ def _build(
     sft = recipe.sft()
     if not sft.data.train:  # gold first (shared by the roles): the SFT then runs on a file
         sft.data.train = [str(gold_world_file(recipe.gold_world, home, say=emit))]
-    runs = target.parent / ".warm-runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{role}-", dir=runs))
-    try:
-        with atomic_dir(target) as tmp:
-            sft.model_path = str(base)
-            sft.run_dir = str(run_dir)
-            sft.output_dir = str(tmp)
-            sft.save_freq = -1  # the folder is the result; no resumable checkpoints
-            sft.resume = False
-            sft.export = True
-            result = train_sft(sft, say=emit)
-            tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is readable
-            # Written last: a folder without it is never trusted.
-            _write_marker(
-                tmp,
-                role=role,
-                key=key,
-                base=base,
-                data=recipe.fingerprint(),
-                source="trained",
-                steps=result.steps,
-                val_loss=(result.val_loss_start, result.val_loss_end),
-                started=started,
-            )
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    # One run folder per recipe key: a build that stops (a killed process, a session's end)
+    # leaves its checkpoints there, and the next build of the same recipe resumes from them.
+    run_dir = target.parent / ".warm-runs" / f"{role}-{key}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(target) as tmp:
+        sft.model_path = str(base)
+        sft.run_dir = str(run_dir)
+        sft.output_dir = str(tmp)
+        sft.save_freq = RESUME_EVERY
+        sft.keep_last = 1
+        sft.resume = True  # the latest complete checkpoint of this recipe, if any
+        sft.export = True
+        result = train_sft(sft, say=emit)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is readable
+        # Written last: a folder without it is never trusted.
+        _write_marker(
+            tmp,
+            role=role,
+            key=key,
+            base=base,
+            data=recipe.fingerprint(),
+            source="trained",
+            steps=result.steps,
+            val_loss=(result.val_loss_start, result.val_loss_end),
+            started=started,
+        )
+    shutil.rmtree(run_dir, ignore_errors=True)  # built: its checkpoints are not needed
     emit(f"warm start [{role}]: done in {time.monotonic() - started:.0f} s: {target}")
 
 
