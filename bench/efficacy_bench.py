@@ -37,8 +37,7 @@ runs did: ``mia demo --config configs/demo/efficacy.yaml`` (world seed 1, its fi
 questions, policies none / plan_only / rag / mia, then TTRL supervised and no-GT;
 ``--questions N`` another count, ``--baselines`` configs/demo/baselines.yaml: the five memory
 baselines in one table, no TTRL). It reads back ``demo.json`` and writes ``efficacy.json`` and
-``efficacy.png``. World 1 is a development world (the memory rule, the Planner recipe and this
-bench's float32 were decided after looking at it): its table is not a claim.
+``efficacy.png``. World 1 is a development world (docs/results.md): its table is not a claim.
 
 Both run the embedded roles in float32 (``MIA_BF16=0``) on every CPU, so a table is the same
 from run to run and from machine to machine: batched bfloat16 decoding depends on which

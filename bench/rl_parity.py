@@ -442,15 +442,9 @@ def report(runs: list[Run], args: argparse.Namespace, base_acc: float) -> dict[s
 
 
 def _table(lines: list[list[str]], markdown: bool) -> None:
-    if markdown:
-        print("| " + " | ".join(lines[0]) + " |")
-        print("|" + "|".join("---" for _ in lines[0]) + "|")
-        for row in lines[1:]:
-            print("| " + " | ".join(row) + " |")
-        return
-    widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
-    for row in lines:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    from grpo_bench import _print_table  # bench/ is on sys.path when a bench script runs
+
+    _print_table(lines, "|" if markdown else " ")
 
 
 # ----------------------------------------------------------------------------- main

@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mia.apps.gold_records import (  # noqa: F401  (re-exported: they used to live here)
+from mia.apps.gold_records import (  # noqa: F401  (re-exported: importers of this module use them)
     GoldExample,
     GoldReport,
     GoldSkip,

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from mia.apps.warm_fingerprints import (  # noqa: F401  (re-exported: they used to live here)
+from mia.apps.warm_fingerprints import (  # noqa: F401  (re-exported: importers of this module use them)
     MARKER,
     WARM_DATA_VERSION,
     base_fingerprint,

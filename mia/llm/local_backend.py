@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from mia import precision
 from mia.llm.base import ChatResult, LLMError, Message, SamplingParams
-from mia.llm.local_cache import (  # noqa: F401  (re-exported: they used to live here)
+from mia.llm.local_cache import (  # noqa: F401  (re-exported: importers of this module use them)
     MAX_REPLIES,
     MIN_PREFIX,
     PrefixCache,
