@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,46 @@ def test_a_folder_without_its_marker_is_rebuilt(
         == path
     )
     assert built == [1] and (path / "mia-model.json").is_file()
+
+
+def test_a_build_of_one_recipe_does_not_hold_up_another(
+    tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user trains a variant recipe while the demo uses the shipped one: the two do not wait
+    # for each other (the same recipe still builds once, behind its own lock).
+    first = warm_start.warm_recipe("executor", OVERRIDES)
+    second = warm_start.warm_recipe("executor", [*OVERRIDES, "total_steps=2"])
+    first_running, release = threading.Event(), threading.Event()
+    built: list[str] = []
+
+    def fake_build(role: str, cfg: dict[str, Any], b: Path, key: str, *_rest: Any) -> None:
+        if cfg["total_steps"] == 3:
+            first_running.set()
+            assert release.wait(timeout=60)
+        built.append(key)
+
+    monkeypatch.setattr(warm_start, "_build", fake_build)
+
+    def build(recipe: dict[str, Any]) -> threading.Thread:
+        kwargs = {"home": tmp_path, "base_model_dir": base, "recipe": recipe, "log": None}
+        thread = threading.Thread(
+            target=warm_start.warm_role_dir, args=("executor",), kwargs=kwargs
+        )
+        thread.start()
+        return thread
+
+    slow = build(first)
+    assert first_running.wait(timeout=60)
+    fast = build(second)
+    fast.join(timeout=60)
+    finished_while_the_first_ran = not fast.is_alive()
+    release.set()
+    slow.join(timeout=60)
+    fast.join(timeout=60)
+    assert finished_while_the_first_ran
+    fingerprint = warm_start.base_fingerprint(base)
+    keys = [warm_start.recipe_key(r, fingerprint) for r in (second, first)]
+    assert built == keys
 
 
 def test_the_key_follows_the_recipe_the_data_and_the_base(base: Path, tmp_path: Path) -> None:

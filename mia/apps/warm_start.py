@@ -8,7 +8,7 @@ world's train split. Built on first use, with progress:
     -> SFT of the base model (mia.rl.sft; recipe configs/warm_start/<role>.yaml) -> merged HF folder
 
 The folder is ``$MIA_HOME/models/warm-<role>-<key>``, written atomically (a temporary sibling
-renamed into place; the marker ``mia-model.json`` is written last), behind a file lock so
+renamed into place; the marker ``mia-model.json`` is written last), behind a file lock per recipe so
 concurrent callers build once. ``key`` hashes the recipe (the composed SFT config, minus where
 it runs and logs), the data version (world format, :data:`WARM_DATA_VERSION`, the prompt and
 gold phrase tables) and the base model's marker: a changed recipe gets a new folder.
@@ -543,7 +543,8 @@ def warm_role_dir(
     target = warm_cache_dir(role, key, home)
     if not force and _is_valid(target, key):
         return target
-    with file_lock(target.with_name(f".warm-{role}.lock")):
+    # One lock per recipe: a build of one recipe does not hold up the use of another.
+    with file_lock(target.with_name(f".{target.name}.lock")):
         if not force and _is_valid(target, key):
             return target
         adapter = shipped_adapter(role, key) if shipped and not force else None
