@@ -8,8 +8,8 @@ world's train split. Built on first use, with progress:
     -> SFT of the base model (mia.rl.sft; recipe configs/warm_start/<role>.yaml) -> merged HF folder
 
 The folder is ``$MIA_HOME/models/warm-<role>-<key>``, written atomically (a temporary sibling
-renamed into place; the marker ``mia-model.json`` is written last), behind a file lock per recipe so
-concurrent callers build once. ``key`` hashes the recipe (the composed SFT config, minus where
+renamed into place; the marker ``mia-model.json`` is written last), behind a file lock per
+recipe so concurrent callers build once. ``key`` hashes the recipe (the composed SFT config, minus where
 it runs and logs), the data version (world format, :data:`WARM_DATA_VERSION`, the prompt and
 gold phrase tables) and the base model's marker: a changed recipe gets a new folder.
 
