@@ -195,6 +195,7 @@ def run_trl(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         save_strategy="no",
         report_to="none",
         use_cpu=True,
+        gradient_checkpointing=False,  # TRL's default is on; ours recomputes no activations
         # The precision ours chooses on this CPU (bf16 autocast where native), so both sides
         # compute alike; MIA_BF16=0 makes both float32.
         bf16=autocast_dtype("auto", "cpu") is not None,

