@@ -119,7 +119,7 @@ def evaluate(args: argparse.Namespace, name: str, model: Path, worlds: list[str]
 def steps_table(run_dir: Path) -> list[dict[str, float]]:
     """Per step: mean reward, accuracy and the share of tied groups (metrics.jsonl)."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    keys = {"reward/mean": "reward", "reward/acc": "acc", "reward/groups_all_equal": "tied",
+    keys = {"reward/mean": "reward", "reward/acc_final": "acc", "reward/groups_all_equal": "tied",
             "actor/skipped": "skipped"}  # fmt: skip
     return [{"step": r["step"], **{v: r[k] for k, v in keys.items() if k in r}} for r in rows]
 
