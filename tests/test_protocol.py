@@ -215,6 +215,23 @@ def test_clustered_tables_and_targets() -> None:
     )
 
 
+def test_an_interrupted_ttrl_pass_starts_again(tmp_path: Path) -> None:
+    """The protocol's TTRL passes keep no Planner checkpoint, so a resumed run never continues
+    one from its journal (it would keep the memories of the finished batches and lose the
+    Planner's updates): the partial pass is removed and the row runs it again."""
+    from mia.apps.demo_config import TTRLChoice
+    from mia.apps.protocol import discard_partial_pass
+
+    assert "trainer.save_freq=-1" in TTRLChoice().overrides
+    run = tmp_path / "file" / "ttrl" / "ttrl"
+    (run / "ttrl_state").mkdir(parents=True)
+    (run / "ttrl_state" / "journal.json").write_text('{"next_batch": 3}')
+    (run / "accuracy.jsonl").write_text("{}\n")
+    assert discard_partial_pass(run) is True
+    assert not run.exists() and (tmp_path / "file" / "ttrl").is_dir()
+    assert discard_partial_pass(run) is False
+
+
 def test_ledger_rows_are_appended_and_nothing_else_changes(tmp_path: Path) -> None:
     ledger = _write(tmp_path / "ledger.md", (ROOT / "docs" / "ledger.md").read_text())
     before = ledger.read_text()

@@ -26,7 +26,8 @@ stages (:mod:`mia.apps.demo`), so a row runs exactly as the demo runs that polic
 6. a test protocol appends the ``finished`` row with the targets' numbers.
 
 Rerunning the same command with the same ``--out`` resumes: finished rows are read back, an
-interrupted row resumes from its journal (``mia eval``'s, or the TTRL pass's).
+interrupted ``mia eval`` row resumes from its journal, an interrupted TTRL pass starts again
+(:func:`discard_partial_pass`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import argparse
 import copy
 import json
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -509,21 +511,32 @@ def _eval_row(
     return {r["id"]: float(bool(r["correct"])) for r in policy.rows}, policy.summary
 
 
+def discard_partial_pass(run_dir: Path) -> bool:
+    """Remove an interrupted TTRL pass's folder; True if there was one. The demo's passes keep
+    no Planner checkpoint (``trainer.save_freq=-1``), so resuming one from its journal would
+    keep the memories of its finished batches but not the Planner's updates: a row's pass
+    starts again from its first batch instead."""
+    if not run_dir.exists():
+        return False
+    shutil.rmtree(run_dir)
+    return True
+
+
 def _ttrl_row(
     cfg: DemoConfig, world: Path, items: list[Any], models: Models, urls: Any, folder: Path
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """A TTRL pass on the TTRL store, emptied first (unless the pass resumes from its
-    journal). A question the pass could not answer counts as wrong."""
+    """A TTRL pass on the TTRL store, emptied first. A question the pass could not answer
+    counts as wrong."""
     from mia.services import MemoryClient
 
     mode = cfg.ttrl.modes[0]
     url = urls.memory[ttrl_name(mode)]
-    if not (folder / ttrl_name(mode) / "ttrl_state").exists():
-        client = MemoryClient(url)
-        try:
-            client.sync.clear_memory()
-        finally:
-            client.close()
+    discard_partial_pass(folder / ttrl_name(mode))
+    client = MemoryClient(url)
+    try:
+        client.sync.clear_memory()
+    finally:
+        client.close()
     planner = models.roles["planner"].model_path
     summary, result = run_ttrl_stage(cfg, world, items, urls.serve, url, planner, folder, mode)
     votes = {
