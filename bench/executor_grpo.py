@@ -4,8 +4,8 @@
     python bench/executor_grpo.py --steps 2 --eval-limit 8 --out /tmp/eg   # a short real run
 
 1. Worlds: the train world ``--train-world`` (train range, configs/world/seeds.yaml; no shipped
-   role trained on 116) and the dev worlds ``--dev-worlds``, each generated with ``mia world``
-   and indexed with BM25. Training questions: the train world's ``train`` split, text-only,
+   role trained on 116) and the dev worlds ``--dev-worlds``, each generated and indexed with
+   BM25 once under ``$MIA_HOME/demo``, as ``mia demo`` builds them. Training questions: the train world's ``train`` split, text-only,
    types ``bridge`` and ``comparison``; evaluation questions: the same types of each dev
    world's ``test`` split.
 2. GRPO: ``python -m executor_train experiment=embedded_sft_grpo`` on the shipped SFT Executor
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -49,16 +50,13 @@ def sh(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
-def world(out: Path, seed: int) -> tuple[Path, Path]:
-    """(world folder, BM25 index folder) of ``seed`` under ``out``, generated once."""
-    w, idx = out / f"world-{seed}", out / f"index-{seed}"
-    if not (w / "test.jsonl").is_file():
-        sh([str(Path(sys.executable).with_name("mia")), "world", "--out", str(w),
-            "--seed", str(seed), "--quiet"])  # fmt: skip
-    if not idx.is_dir():
-        sh([sys.executable, "-m", "local_search", "build", "--corpus", str(w / "corpus.jsonl"),
-            "--out", str(idx)])  # fmt: skip
-    return w, idx
+def world(seed: int) -> tuple[Path, Path]:
+    """(world folder, BM25 index folder) of ``seed``, generated once under ``$MIA_HOME/demo``
+    as ``mia demo`` and the efficacy bench build them."""
+    from mia.apps.demo import demo_home, ensure_index, ensure_world
+
+    folder = ensure_world(demo_home(), seed, "default")
+    return folder, ensure_index(demo_home(), folder)
 
 
 def subset(src: Path, dst: Path) -> list[dict[str, Any]]:
@@ -126,7 +124,7 @@ def steps_table(run_dir: Path) -> list[dict[str, float]]:
 
 def paired(sft: Path, grpo: Path, dev: dict[str, Path]) -> dict[str, Any]:
     """GRPO - SFT per type and overall, clustered by (world, relation chain)."""
-    from mia.eval.stats import bootstrap_ci, paired_cluster_bootstrap_ci
+    from mia.eval.stats import paired_cluster_bootstrap_ci
 
     out: dict[str, Any] = {}
     pooled: dict[str, list[tuple[float, float, str]]] = {}
@@ -144,7 +142,7 @@ def paired(sft: Path, grpo: Path, dev: dict[str, Path]) -> dict[str, Any]:
     for g, trip in pooled.items():
         x, y, c = zip(*trip, strict=True)
         d, lo, hi = paired_cluster_bootstrap_ci(x, y, c)
-        out[g] = {"n": len(x), "sft": bootstrap_ci(y)[0], "grpo": bootstrap_ci(x)[0],
+        out[g] = {"n": len(x), "sft": statistics.mean(y), "grpo": statistics.mean(x),
                   "delta": d, "ci95_clustered": [lo, hi], "clusters": len(set(c))}  # fmt: skip
     return out
 
@@ -166,12 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     from mia.apps.warm_start import warm_role_dir
 
     args.out = args.out.resolve()
-    tw, tidx = world(args.out, args.train_world)
+    tw, tidx = world(args.train_world)
     data = args.out / "data" / "train.jsonl"
     print(f"train world {args.train_world}: {len(subset(tw / 'train.jsonl', data))} questions")
     dev, specs = {}, []
     for seed in (int(s) for s in args.dev_worlds.split(",")):
-        w, idx = world(args.out, seed)
+        w, idx = world(seed)
         folder = args.out / "data" / f"dev-{seed}"
         print(f"dev world {seed}: {len(subset(w / 'test.jsonl', folder / 'test.jsonl'))} questions")
         dev[f"dev{seed}"] = folder
