@@ -358,6 +358,10 @@ def test_a_test_protocol_runs_end_to_end_and_writes_the_ledger(
         f"already holds a run of {protocol} v1 with these roles ({summary['run_id']}) and the "
         "code has changed since"
     ) in again.stderr
+    assert (
+        f"to reproduce {summary['run_id']}, run the same command in a clean checkout of {first}"
+        in again.stderr
+    )
     assert "--another-look" in again.stderr and ledger.read_text() == after
 
 

@@ -251,11 +251,14 @@ def open_ledger(
     same = [r.run for r in looks if unchanged_since(opts.root, r.commit)]
     note = f"reproduces {same[-1]}" if same else "-"
     if looks and not same and not opts.another_look:
+        last = looks[-1]
         raise MiaError(
             f"{opts.ledger} already holds a run of {label} with these roles "
             f"({', '.join(r.run for r in looks)}) and the code has changed since: each shipped "
-            "model is evaluated once on the test worlds (docs/protocol.md, 'Looks'); "
-            "--another-look takes another, and the ledger records it"
+            "model is evaluated once on the test worlds (docs/protocol.md, 'Looks'); to "
+            f"reproduce {last.run}, run the same command in a clean checkout of {last.commit} "
+            f"with --ledger {opts.ledger.resolve()}; --another-look takes another look, and "
+            "the ledger records it"
         )
     ledger = Ledger(opts.ledger, run_id, git_commit(opts.root), label, pair, opts.command)
     return ledger, note
