@@ -5,9 +5,9 @@
 
 1. Worlds: the train world ``--train-world`` (train range, configs/world/seeds.yaml; no shipped
    role trained on 116) and the dev worlds ``--dev-worlds``, each generated and indexed with
-   BM25 once under ``$MIA_HOME/demo``, as ``mia demo`` builds them. Training questions: the train world's ``train`` split, text-only,
-   types ``bridge`` and ``comparison``; evaluation questions: the same types of each dev
-   world's ``test`` split.
+   BM25 once under ``$MIA_HOME/demo``, as ``mia demo`` builds them. Training questions: the
+   train world's ``train`` split, text-only, types ``bridge`` and ``comparison``; evaluation
+   questions: the same types of each dev world's ``test`` split.
 2. GRPO: ``python -m executor_train experiment=embedded_sft_grpo`` on the shipped SFT Executor
    (``python -m mia.apps.warm_start executor``) against the train world's local_search, with
    ``--steps``, ``--batch`` questions x ``--n`` rollouts a step and ``--lr`` (after ``--``:
