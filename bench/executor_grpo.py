@@ -1,6 +1,6 @@
 """Executor GRPO where the shipped SFT Executor has headroom: bridge and comparison questions.
 
-    python bench/executor_grpo.py                        # world 116's 192 questions, 24 steps
+    python bench/executor_grpo.py                        # world 116's 192 questions, 16 steps
     python bench/executor_grpo.py --steps 2 --eval-limit 8 --out /tmp/eg   # a short real run
 
 1. Worlds: the train world ``--train-world`` (train range, configs/world/seeds.yaml; no shipped
@@ -119,7 +119,7 @@ def steps_table(run_dir: Path) -> list[dict[str, float]]:
     """Per step: mean reward, accuracy and the share of tied groups (metrics.jsonl)."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     keys = {"reward/mean": "reward", "reward/acc_final": "acc", "reward/groups_all_equal": "tied",
-            "actor/skipped": "skipped"}  # fmt: skip
+            "actor/skipped": "skipped", "actor/grad_norm": "grad_norm"}  # fmt: skip
     return [{"step": r["step"], **{v: r[k] for k, v in keys.items() if k in r}} for r in rows]
 
 
@@ -144,18 +144,57 @@ def paired(sft: Path, grpo: Path, dev: dict[str, Path]) -> dict[str, Any]:
         x, y, c = zip(*trip, strict=True)
         d, lo, hi = paired_cluster_bootstrap_ci(x, y, c)
         out[g] = {"n": len(x), "sft": statistics.mean(y), "grpo": statistics.mean(x),
-                  "delta": d, "ci95_clustered": [lo, hi], "clusters": len(set(c))}  # fmt: skip
+                  "delta": d, "ci95_clustered": [lo, hi], "clusters": len(set(c)),
+                  "won": sum(u > v for u, v in zip(x, y, strict=True)),
+                  "lost": sum(u < v for u, v in zip(x, y, strict=True))}  # fmt: skip
     return out
+
+
+def drift(sft: Path, grpo: Path, evals: Path, dev: dict[str, Path]) -> dict[str, float]:
+    """How far GRPO moved the Executor, read on the GRPO model's own dev transcripts: the mean
+    per-token KL(GRPO || SFT) over the Executor's tokens and the share of those tokens whose
+    most likely next token differs between the two models (greedy decoding follows it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(sft)
+    models = [
+        AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval() for m in (grpo, sft)
+    ]
+    kl_sum, flips, n = 0.0, 0, 0
+    for name in dev:
+        for row in load_rows(evals / name / "none" / "results.jsonl"):
+            msgs = [m for m in row["messages"] if isinstance(m.get("content"), str)]
+            text = tok.apply_chat_template(msgs, tokenize=False)
+            enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+            spans, cursor = [], 0  # character spans of the Executor's own messages
+            for m in msgs:
+                start = text.find(m["content"], cursor)
+                if start >= 0:
+                    cursor = start + len(m["content"])
+                    if m["role"] == "assistant":
+                        spans.append((start, cursor))
+            # token t is predicted at position t - 1
+            mask = [any(a <= s < b for a, b in spans) for s, _ in enc["offset_mapping"]][1:]
+            ids = torch.tensor([enc["input_ids"]])
+            with torch.no_grad():
+                lp = [torch.log_softmax(m(ids).logits[0, :-1].float(), -1) for m in models]
+            keep = torch.tensor(mask)
+            g, s = lp[0][keep], lp[1][keep]
+            kl_sum += float((g.exp() * (g - s)).sum())
+            flips += int((g.argmax(-1) != s.argmax(-1)).sum())
+            n += int(keep.sum())
+    return {"tokens": n, "kl_per_token": kl_sum / max(n, 1), "top1_changed": flips / max(n, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--train-world", type=int, default=116, help="a train-range world seed")
     p.add_argument("--dev-worlds", default="10000,10001,10002", help="dev-range world seeds")
-    p.add_argument("--steps", type=int, default=24, help="GRPO steps")
+    p.add_argument("--steps", type=int, default=16, help="GRPO steps")
     p.add_argument("--batch", type=int, default=8, help="questions per step")
     p.add_argument("--n", type=int, default=4, help="rollouts per question")
-    p.add_argument("--lr", type=float, default=5e-5, help="LoRA learning rate")
+    p.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate")
     p.add_argument("--seed", type=int, default=0, help="the trainer's seed")
     p.add_argument("--eval-limit", type=int, help="first N questions of each dev subset")
     p.add_argument("--out", type=Path, default=Path("runs/executor_grpo"))
@@ -181,18 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     ev_grpo = evaluate(args, "grpo", grpo, specs)
     steps = steps_table(args.out / "grpo")
     diff = paired(ev_sft, ev_grpo, dev)
+    moved = drift(sft, grpo, ev_grpo, dev)
     print("\n| step | reward | accuracy | tied groups |\n|---|---|---|---|")
     for s in steps:
         print(f"| {s['step']} | {s.get('reward', 0):.3f} | {s.get('acc', float('nan')):.3f} "
               f"| {s.get('tied', 0):.2f} |")  # fmt: skip
-    print("\n| dev questions | n | clusters | SFT | SFT + GRPO | GRPO - SFT [95% clustered] |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| dev questions | n | clusters | SFT | SFT + GRPO | won / lost | GRPO - SFT [95% clustered] |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for g, v in diff.items():
         lo, hi = v["ci95_clustered"]
-        print(f"| {g} | {v['n']} | {v['clusters']} | {100 * v['sft']:.1f} | "
-              f"{100 * v['grpo']:.1f} | {100 * v['delta']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] |")  # fmt: skip
+        print(f"| {g} | {v['n']} | {v['clusters']} | {100 * v['sft']:.1f} | {100 * v['grpo']:.1f} "
+              f"| {v['won']} / {v['lost']} | {100 * v['delta']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] |")  # fmt: skip
+    print(
+        f"\nmoved: KL(GRPO || SFT) {moved['kl_per_token']:.2e} a token, top-1 token changed at "
+        f"{100 * moved['top1_changed']:.2f} % of {moved['tokens']} Executor tokens"
+    )
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "sft_model": str(sft), "steps": steps, "paired": diff}  # fmt: skip
+              "sft_model": str(sft), "steps": steps, "paired": diff, "drift": moved}  # fmt: skip
     (args.out / "executor_grpo.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
