@@ -95,7 +95,7 @@ def train(args: argparse.Namespace, sft: Path, data: Path, index: Path) -> Path:
             f"model_path={sft}", f"data.train={data}", f"agent.tools.search.params.url={url}",
             f"trainer.run_dir={run_dir}", f"trainer.total_steps={args.steps}",
             f"trainer.batch_size={args.batch}", f"trainer.n={args.n}",
-            f"trainer.policy.optim.lr={args.lr}", f"trainer.seed={args.seed}",
+            *([f"trainer.policy.optim.lr={args.lr}"] if args.lr else []), f"trainer.seed={args.seed}",
             "trainer.resume=auto", *args.overrides])  # fmt: skip
     last = run_dir / "checkpoints" / f"global_step_{args.steps}"
     sh([sys.executable, "-m", "mia.rl.model_merger", "merge", "--backend", "fsdp",
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=16, help="GRPO steps")
     p.add_argument("--batch", type=int, default=8, help="questions per step")
     p.add_argument("--n", type=int, default=4, help="rollouts per question")
-    p.add_argument("--lr", type=float, default=2e-4, help="LoRA learning rate")
+    p.add_argument("--lr", type=float, help="LoRA learning rate (default: the experiment's)")
     p.add_argument("--seed", type=int, default=0, help="the trainer's seed")
     p.add_argument("--eval-limit", type=int, help="first N questions of each dev subset")
     p.add_argument("--out", type=Path, default=Path("runs/executor_grpo"))
