@@ -150,41 +150,33 @@ def paired(sft: Path, grpo: Path, dev: dict[str, Path]) -> dict[str, Any]:
     return out
 
 
-def drift(sft: Path, grpo: Path, evals: Path, dev: dict[str, Path]) -> dict[str, float]:
-    """How far GRPO moved the Executor, read on the GRPO model's own dev transcripts: the mean
-    per-token KL(GRPO || SFT) over the Executor's tokens and the share of those tokens whose
-    most likely next token differs between the two models (greedy decoding follows it)."""
+def drift(sft: Path, grpo: Path, evals: Path, names: list[str]) -> dict[str, float]:
+    """How far GRPO moved the Executor, read on the GRPO model's own dev transcripts, tokenised
+    as the agent loop holds them (``mia.rl.sft_data``): the mean per-token KL(GRPO || SFT) over
+    the Executor's tokens and the share of those tokens whose most likely next token differs
+    between the two models (greedy decoding follows it)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mia.rl.sft_data import tokenize_rows
+
     tok = AutoTokenizer.from_pretrained(sft)
+    rows = [r for name in names for r in load_rows(evals / name / "none" / "results.jsonl")]
+    chats, report = tokenize_rows(rows, tok)
     models = [
         AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval() for m in (grpo, sft)
     ]
     kl_sum, flips, n = 0.0, 0, 0
-    for name in dev:
-        for row in load_rows(evals / name / "none" / "results.jsonl"):
-            msgs = [m for m in row["messages"] if isinstance(m.get("content"), str)]
-            text = tok.apply_chat_template(msgs, tokenize=False)
-            enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
-            spans, cursor = [], 0  # character spans of the Executor's own messages
-            for m in msgs:
-                start = text.find(m["content"], cursor)
-                if start >= 0:
-                    cursor = start + len(m["content"])
-                    if m["role"] == "assistant":
-                        spans.append((start, cursor))
-            # token t is predicted at position t - 1
-            mask = [any(a <= s < b for a, b in spans) for s, _ in enc["offset_mapping"]][1:]
-            ids = torch.tensor([enc["input_ids"]])
-            with torch.no_grad():
-                lp = [torch.log_softmax(m(ids).logits[0, :-1].float(), -1) for m in models]
-            keep = torch.tensor(mask)
-            g, s = lp[0][keep], lp[1][keep]
-            kl_sum += float((g.exp() * (g - s)).sum())
-            flips += int((g.argmax(-1) != s.argmax(-1)).sum())
-            n += int(keep.sum())
-    return {"tokens": n, "kl_per_token": kl_sum / max(n, 1), "top1_changed": flips / max(n, 1)}
+    for chat in chats:
+        ids = torch.tensor([chat.input_ids])
+        keep = torch.tensor(chat.loss_mask[1:], dtype=torch.bool)  # token t is predicted at t - 1
+        with torch.no_grad():
+            g, s = (torch.log_softmax(m(ids).logits[0, :-1], -1)[keep] for m in models)
+        kl_sum += float((g.exp() * (g - s)).sum())
+        flips += int((g.argmax(-1) != s.argmax(-1)).sum())
+        n += int(keep.sum())
+    return {"transcripts": len(chats), "refused": len(report.errors), "tokens": n,
+            "kl_per_token": kl_sum / max(n, 1), "top1_changed": flips / max(n, 1)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ev_grpo = evaluate(args, "grpo", grpo, specs)
     steps = steps_table(args.out / "grpo")
     diff = paired(ev_sft, ev_grpo, dev)
-    moved = drift(sft, grpo, ev_grpo, dev)
+    moved = drift(sft, grpo, ev_grpo, list(dev))
     print("\n| step | reward | accuracy | tied groups |\n|---|---|---|---|")
     for s in steps:
         print(f"| {s['step']} | {s.get('reward', 0):.3f} | {s.get('acc', float('nan')):.3f} "
@@ -235,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
               f"| {v['won']} / {v['lost']} | {100 * v['delta']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] |")  # fmt: skip
     print(
         f"\nmoved: KL(GRPO || SFT) {moved['kl_per_token']:.2e} a token, top-1 token changed at "
-        f"{100 * moved['top1_changed']:.2f} % of {moved['tokens']} Executor tokens"
+        f"{100 * moved['top1_changed']:.2f} % of {moved['tokens']} Executor tokens "
+        f"({moved['transcripts']} transcripts, {moved['refused']} refused)"
     )
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "sft_model": str(sft), "steps": steps, "paired": diff, "drift": moved}  # fmt: skip

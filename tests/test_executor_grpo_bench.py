@@ -55,15 +55,15 @@ def test_drift_is_zero_between_identical_models_and_positive_between_others(
     bench = _bench()
     a, a_again, b = models
     _write(tmp_path / "evals" / "dev1" / "none", [{"id": "q1", "messages": CHAT}])
-    dev = {"dev1": tmp_path / "data"}
-    same = bench.drift(a, a_again, tmp_path / "evals", dev)
-    other = bench.drift(a, b, tmp_path / "evals", dev)
+    same = bench.drift(a, a_again, tmp_path / "evals", ["dev1"])
+    other = bench.drift(a, b, tmp_path / "evals", ["dev1"])
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(a)
-    own = sum(len(tok(m["content"])["input_ids"]) for m in CHAT if m["role"] == "assistant")
-    # only the Executor's tokens count (the chat template may merge a token at a boundary)
-    assert abs(same["tokens"] - own) <= 2 and same["tokens"] == other["tokens"]
+    turns = [m["content"] for m in CHAT if m["role"] == "assistant"]
+    own = sum(len(tok.encode(c, add_special_tokens=False)) + 1 for c in turns)  # + end of turn
+    assert (same["transcripts"], same["refused"]) == (1, 0)
+    assert same["tokens"] == own == other["tokens"]  # the Executor's tokens only
     assert same["kl_per_token"] == pytest.approx(0.0, abs=1e-6)
     assert same["top1_changed"] == 0.0
     assert other["kl_per_token"] > 1e-3 and other["top1_changed"] > 0.0
@@ -80,7 +80,7 @@ def test_paired_counts_wins_and_losses_per_type(tmp_path: Path) -> None:
     data.joinpath("test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     golds = ["A", "B", "C", "D"]
     sft = ["A", "x", "C", "x"]  # right on 0 and 2
-    grpo = ["A", "B", "x", "x"]  # wins 1, loses 2
+    grpo = ["A", "B", "x", "x"]  # wins question 1, loses question 2
     for name, preds in (("sft", sft), ("grpo", grpo)):
         _write(
             tmp_path / name / "dev1" / "none",
